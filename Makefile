@@ -1,0 +1,62 @@
+# thd-kernels: every target runs one documented command; `make help` lists them.
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+GPU_PY      ?= python3
+PYTEST_ARGS ?=
+TORCH_PIN   ?= torch==2.13.0
+RELEASE_DEPS := packaging==26.4 build==1.6.1 "wheel>=0.48" setuptools
+TEST_DEPS    := $(TORCH_PIN) triton==3.9.0 numpy pytest pytest-xdist hypothesis ruff \
+                installer check-wheel-contents twine
+OUTDIR      ?= dist
+SHORT_SHA   := $(shell git rev-parse --short HEAD 2>/dev/null)
+
+.PHONY: help setup setup-release test test-gpu test-dist wheel release verify bench bench-cpu lint fmt clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(VENV)/.stamp-release:
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check $(RELEASE_DEPS)
+	touch $@
+
+$(VENV)/.stamp-full: $(VENV)/.stamp-release
+	$(PY) -m pip install -q --disable-pip-version-check $(TEST_DEPS)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+setup-release: $(VENV)/.stamp-release ## light venv for the release tool (no torch)
+
+setup: $(VENV)/.stamp-full ## full venv: pinned CPU torch, triton (interpreter), test tools
+
+test: setup ## all CPU tests (Triton interpreter, gloo), as CI runs them
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2 -m "not gpu" $(PYTEST_ARGS) tests
+
+test-gpu: ## GPU tests on a CUDA machine (uses the machine's python3)
+	PYTHONPATH=src:. $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider $(PYTEST_ARGS) tests
+
+wheel: setup-release ## dev wheel of the default flavor (+g<sha> local label), verified
+	$(PY) -m release wheel --outdir $(OUTDIR) $(if $(SHORT_SHA),--local g$(SHORT_SHA))
+
+release: setup-release ## the full verified release set in dist/
+	$(PY) -m release release --outdir $(OUTDIR)/
+
+verify: setup-release ## verify WHEEL=path
+	$(PY) -m release verify $(WHEEL)
+
+bench: ## GPU benchmarks -> benchmarks/results/*.json (run on the H200)
+	PYTHONPATH=src:. $(GPU_PY) benchmarks/run_all.py --out benchmarks/results
+
+bench-cpu: setup ## CPU benchmarks (wheel repack) -> benchmarks/results/repack.json
+	$(PY) benchmarks/repack.py --out benchmarks/results/repack.json
+
+lint: setup ## ruff check + format check (read-only)
+	$(PY) -m ruff check src release tests benchmarks
+	$(PY) -m ruff format --check src release tests benchmarks
+
+fmt: setup ## ruff format + fix
+	$(PY) -m ruff format src release tests benchmarks
+	$(PY) -m ruff check --fix src release tests benchmarks
+
+clean: ## remove build outputs (keeps .venv)
+	rm -rf build dist src/*.egg-info .pytest_cache .ruff_cache

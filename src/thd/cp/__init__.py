@@ -1,0 +1,1 @@
+"""Context parallelism: load-balanced THD partitioning and ring attention."""

@@ -1,0 +1,1 @@
+"""Operators: each lives in its own package as kernels + reference + interface."""

@@ -1,0 +1,168 @@
+"""Pure-torch varlen attention: the oracle for tests and the CPU fallback, not fast.
+
+Every sequence is computed on its own in float32. Sequence ``b``'s queries are rows
+``[cu_seqlens_q_padded[b], cu_seqlens_q_padded[b] + Lq_b)`` of ``q`` and its keys the rows
+``[cu_seqlens_kv_padded[b], cu_seqlens_kv_padded[b] + Lk_b)`` of ``k``/``v``, with ``L_b`` the
+differences of ``cu_seqlens_*``. Causal masking is bottom-right aligned: query ``i`` sees
+key ``j`` iff ``j <= i + Lk_b - Lq_b``. Rows that are not real query rows get exact zeros in
+``out`` and ``-inf`` in ``lse``; so does a query that sees no key. Padding rows of the
+inputs are never read.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["attention", "attention_backward", "attention_forward", "sequence_spans"]
+
+
+def sequence_spans(
+    cu_seqlens: Tensor, cu_seqlens_padded: Tensor | None
+) -> list[tuple[int, int]]:
+    """Host list of ``(start_row, real_length)`` per sequence (one device-to-host copy)."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    starts = (cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded)[:-1].tolist()
+    return list(zip(starts, lengths, strict=True))
+
+
+def _sequence_attention(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
+) -> tuple[Tensor, Tensor]:
+    """One sequence in fp32: q [Lq, H, D], k [Lk, H, D], v [Lk, H, Dv] -> out, lse [H, Lq]."""
+    lq, lk = q.shape[0], k.shape[0]
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
+    if causal:
+        rows = torch.arange(lq, device=q.device)[:, None]
+        cols = torch.arange(lk, device=q.device)[None, :]
+        scores = scores.masked_fill(cols > rows + (lk - lq), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [H, Lq]; -inf where no key is visible
+    visible = torch.isfinite(lse)
+    probs = torch.where(visible[..., None], torch.exp(scores - lse[..., None]), 0.0)
+    out = torch.einsum("hqk,khd->qhd", probs, v.float())
+    return out, lse
+
+
+def _expand_kv(x: Tensor, num_q_heads: int) -> Tensor:
+    return x.repeat_interleave(num_q_heads // x.shape[1], dim=1)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_kv: Tensor,
+    *,
+    cu_seqlens_q_padded: Tensor | None = None,
+    cu_seqlens_kv_padded: Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_kv: int | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Reference varlen attention, differentiable through autograd.
+
+    Same contract as :func:`thd.attention`: ``out [Tq, Hq, Dv]`` in ``q.dtype`` and, with
+    ``return_lse``, ``lse [Hq, Tq]`` in float32. ``max_seqlen_*`` are accepted and ignored.
+    """
+    del max_seqlen_q, max_seqlen_kv
+    num_heads = q.shape[1]
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    out = q.new_zeros(q.shape[0], num_heads, v.shape[-1], dtype=torch.float32)
+    lse = q.new_full((num_heads, q.shape[0]), float("-inf"), dtype=torch.float32)
+    q_spans = sequence_spans(cu_seqlens_q, cu_seqlens_q_padded)
+    kv_spans = sequence_spans(cu_seqlens_kv, cu_seqlens_kv_padded)
+    for (q0, lq), (k0, lk) in zip(q_spans, kv_spans, strict=True):
+        if lq == 0:
+            continue
+        qs = q[q0 : q0 + lq]
+        ks = _expand_kv(k[k0 : k0 + lk], num_heads)
+        vs = _expand_kv(v[k0 : k0 + lk], num_heads)
+        o_b, lse_b = _sequence_attention(qs, ks, vs, causal, scale)
+        rows = torch.arange(q0, q0 + lq, device=q.device)
+        out = out.index_copy(0, rows, o_b)
+        lse = lse.index_copy(1, rows, lse_b)
+    out = out.to(q.dtype)
+    return (out, lse) if return_lse else out
+
+
+@torch.no_grad()
+def attention_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_kv: Tensor,
+    cu_seqlens_q_padded: Tensor | None,
+    cu_seqlens_kv_padded: Tensor | None,
+    causal: bool,
+    softmax_scale: float,
+) -> tuple[Tensor, Tensor]:
+    """Forward without autograd: returns ``(out, lse)``."""
+    out, lse = attention(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        cu_seqlens_q_padded=cu_seqlens_q_padded,
+        cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        return_lse=True,
+    )
+    return out, lse
+
+
+@torch.no_grad()
+def attention_backward(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_kv: Tensor,
+    cu_seqlens_q_padded: Tensor | None,
+    cu_seqlens_kv_padded: Tensor | None,
+    causal: bool,
+    softmax_scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Flash-style backward from saved ``out`` and ``lse`` (which may come from a merge).
+
+    ``P = exp(S - lse)``, ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * out))``,
+    ``dQ = scale * dS K``, ``dK = scale * dS^T Q``. Rows with ``lse = -inf`` contribute
+    nothing. Returns ``dq, dk, dv`` in the input dtypes, exact zeros on padding rows.
+    """
+    num_heads, group = q.shape[1], q.shape[1] // k.shape[1]
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+    q_spans = sequence_spans(cu_seqlens_q, cu_seqlens_q_padded)
+    kv_spans = sequence_spans(cu_seqlens_kv, cu_seqlens_kv_padded)
+    for (q0, lq), (k0, lk) in zip(q_spans, kv_spans, strict=True):
+        if lq == 0 or lk == 0:
+            continue
+        qs, dos = q[q0 : q0 + lq].float(), do[q0 : q0 + lq].float()
+        ks = _expand_kv(k[k0 : k0 + lk], num_heads).float()
+        vs = _expand_kv(v[k0 : k0 + lk], num_heads).float()
+        lse_b = lse[:, q0 : q0 + lq]
+        scores = torch.einsum("qhd,khd->hqk", qs, ks) * softmax_scale
+        if causal:
+            rows = torch.arange(lq, device=q.device)[:, None]
+            cols = torch.arange(lk, device=q.device)[None, :]
+            scores = scores.masked_fill(cols > rows + (lk - lq), float("-inf"))
+        finite = torch.isfinite(lse_b)[..., None]
+        probs = torch.where(finite, torch.exp(scores - lse_b[..., None]), 0.0)
+        delta = (dos * out[q0 : q0 + lq].float()).sum(-1).transpose(0, 1)  # [H, Lq]
+        dp = torch.einsum("qhd,khd->hqk", dos, vs)
+        ds = probs * (dp - delta[..., None])
+        dq[q0 : q0 + lq] = torch.einsum("hqk,khd->qhd", ds, ks) * softmax_scale
+        dk_b = torch.einsum("hqk,qhd->khd", ds, qs) * softmax_scale
+        dv_b = torch.einsum("hqk,qhd->khd", probs, dos)
+        dk[k0 : k0 + lk] += dk_b.unflatten(1, (-1, group)).sum(2)
+        dv[k0 : k0 + lk] += dv_b.unflatten(1, (-1, group)).sum(2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
