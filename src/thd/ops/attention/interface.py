@@ -1,12 +1,104 @@
-"""Launchers, autograd wrapper and the public ``thd.attention`` (work in progress)."""
+"""Public varlen attention: validation, backend dispatch, custom ops and autograd.
+
+``attention_forward`` / ``attention_backward`` are the low-level entry points (used by the
+context-parallel ring); :func:`attention` is the differentiable public API, registered as
+the custom ops ``thd::attention_fwd`` / ``thd::attention_bwd`` so that ``torch.compile``
+traces it without graph breaks and CUDA graphs can capture it.
+
+Backend choice: CUDA tensors run the Triton kernels; CPU tensors run the torch reference,
+except under ``TRITON_INTERPRET=1`` where they run the Triton kernels through the
+interpreter. ``THD_ATTENTION_BACKEND=reference|triton`` forces one.
+"""
 
 from __future__ import annotations
 
+import os
+
+import torch
 from torch import Tensor
 
-from thd.ops.attention import reference
+from thd._capture import is_capturing
+from thd.errors import ThdTypeError, ThdValueError
+from thd.ops.attention import launch, reference
 
-__all__ = ["attention", "attention_backward", "attention_forward"]
+__all__ = ["SUPPORTED_HEAD_DIMS", "attention", "attention_backward", "attention_forward"]
+
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _use_triton(x: Tensor) -> bool:
+    forced = os.environ.get("THD_ATTENTION_BACKEND", "").lower()
+    if forced in ("reference", "triton"):
+        return forced == "triton"
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _check_cu(fn: str, name: str, cu: Tensor, like: Tensor | None = None) -> None:
+    if cu.dtype != torch.int32:
+        raise ThdTypeError(f"{fn}: {name} dtype: expected torch.int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ThdValueError(f"{fn}: {name} shape: expected [B+1] with B >= 0, got {tuple(cu.shape)}")
+    if like is not None and cu.shape != like.shape:
+        raise ThdValueError(
+            f"{fn}: {name} shape: expected {tuple(like.shape)} (one entry per sequence + 1), "
+            f"got {tuple(cu.shape)}"
+        )
+
+
+def _validate(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_q: Tensor,
+    cu_kv: Tensor,
+    cup_q: Tensor | None,
+    cup_kv: Tensor | None,
+) -> None:
+    """Metadata checks only (shapes, dtypes, devices): they never read device memory."""
+    fn = "attention"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ThdValueError(f"{fn}: {name} shape: expected [T, H, D], got {tuple(t.shape)}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise ThdTypeError(f"{fn}: {name} dtype: expected one of fp16/bf16/fp32, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ThdTypeError(f"{fn}: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device == cu_q.device == cu_kv.device):
+        raise ThdValueError(
+            f"{fn}: tensors on different devices: q {q.device}, k {k.device}, v {v.device}, "
+            f"cu_seqlens_q {cu_q.device}, cu_seqlens_kv {cu_kv.device}"
+        )
+    if k.shape[:2] != v.shape[:2]:
+        raise ThdValueError(f"{fn}: k and v rows/heads differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if q.shape[2] != k.shape[2]:
+        raise ThdValueError(f"{fn}: head_dim of q ({q.shape[2]}) != head_dim of k ({k.shape[2]})")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        raise ThdValueError(
+            f"{fn}: q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]})"
+        )
+    for name, dim in (("q/k head_dim", q.shape[2]), ("v head_dim", v.shape[2])):
+        if dim not in SUPPORTED_HEAD_DIMS:
+            raise ThdValueError(f"{fn}: {name}: expected one of {SUPPORTED_HEAD_DIMS}, got {dim}")
+    _check_cu(fn, "cu_seqlens_q", cu_q)
+    _check_cu(fn, "cu_seqlens_kv", cu_kv, cu_q)
+    if cup_q is not None:
+        _check_cu(fn, "cu_seqlens_q_padded", cup_q, cu_q)
+    if cup_kv is not None:
+        _check_cu(fn, "cu_seqlens_kv_padded", cup_kv, cu_q)
+
+
+def _resolve_max_seqlen(name: str, cu: Tensor, given: int | None) -> int:
+    if given is not None:
+        return int(given)
+    if is_capturing():
+        raise ThdValueError(
+            f"attention: {name} is None during CUDA-graph capture; pass the maximum real "
+            "sequence length as an int (deriving it needs a device-to-host read)"
+        )
+    if cu.numel() < 2:
+        return 0
+    return int((cu[1:] - cu[:-1]).max().item())
 
 
 def attention_forward(
@@ -22,9 +114,19 @@ def attention_forward(
     causal: bool,
     softmax_scale: float,
 ) -> tuple[Tensor, Tensor]:
-    """Low-level forward (no autograd): ``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``."""
-    return reference.attention_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, causal, softmax_scale
+    """Low-level forward (no autograd): ``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``.
+
+    Non-real query rows get exact zeros in ``out`` and ``-inf`` in ``lse``.
+    """
+    if not _use_triton(q):
+        return reference.attention_forward(
+            q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+            causal, softmax_scale,
+        )
+    return launch.forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+        _resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
+        causal, softmax_scale,
     )
 
 
@@ -45,11 +147,166 @@ def attention_backward(
     softmax_scale: float,
     deterministic: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Low-level backward from saved ``out``/``lse``: ``(dq, dk, dv)``, zeros on padding rows."""
-    return reference.attention_backward(
-        do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+    """Low-level backward from saved ``out``/``lse`` (possibly merged by a ring).
+
+    Returns ``(dq, dk, dv)`` with exact zeros on padding rows. The Triton backward uses
+    no atomics, so it is always deterministic; ``deterministic`` is accepted for API
+    compatibility.
+    """
+    del deterministic
+    if not _use_triton(q):
+        return reference.attention_backward(
+            do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+            cu_seqlens_kv_padded, causal, softmax_scale,
+        )
+    return launch.backward(
+        do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+        cu_seqlens_kv_padded,
+        _resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
+        _resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
         causal, softmax_scale,
     )
 
 
-attention = reference.attention
+@torch.library.custom_op("thd::attention_fwd", mutates_args=())
+def _attention_fwd_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_kv: Tensor,
+    cu_seqlens_q_padded: Tensor | None,
+    cu_seqlens_kv_padded: Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    causal: bool,
+    softmax_scale: float,
+) -> tuple[Tensor, Tensor]:
+    return attention_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+        max_seqlen_q, max_seqlen_kv, causal, softmax_scale,
+    )
+
+
+@_attention_fwd_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+      max_seqlen_q, max_seqlen_kv, causal, softmax_scale):  # fmt: skip
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("thd::attention_bwd", mutates_args=())
+def _attention_bwd_op(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_kv: Tensor,
+    cu_seqlens_q_padded: Tensor | None,
+    cu_seqlens_kv_padded: Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    causal: bool,
+    softmax_scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return attention_backward(
+        do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+        cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, causal, softmax_scale,
+    )
+
+
+@_attention_bwd_op.register_fake
+def _(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+      cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, causal, softmax_scale):  # fmt: skip
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    q, k, v, cu_q, cu_kv, cup_q, cup_kv, max_q, max_kv, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv)
+    ctx.max_seqlens = (max_q, max_kv)
+    ctx.causal = causal
+    ctx.scale = scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def]
+    del dlse  # lse is an auxiliary output; it carries no gradient
+    q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv = ctx.saved_tensors
+    dq, dk, dv = _attention_bwd_op(
+        dout.contiguous(), q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv,
+        ctx.max_seqlens[0], ctx.max_seqlens[1], ctx.causal, ctx.scale,
+    )
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_kv: Tensor,
+    *,
+    cu_seqlens_q_padded: Tensor | None = None,
+    cu_seqlens_kv_padded: Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_kv: int | None = None,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+    deterministic: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention over packed variable-length sequences (THD layout).
+
+    Args:
+        q: ``[Tq, Hq, D]`` queries (fp16/bf16 on GPU; fp32 too).
+        k: ``[Tk, Hkv, D]`` keys, ``Hq % Hkv == 0`` (GQA/MQA).
+        v: ``[Tk, Hkv, Dv]`` values; ``D, Dv`` in 32, 64, 96, 128, 192, 256.
+        cu_seqlens_q: int32 ``[B+1]`` cumulative real query lengths.
+        cu_seqlens_kv: int32 ``[B+1]`` cumulative real key lengths.
+        cu_seqlens_q_padded: int32 ``[B+1]`` query slot offsets; sequence b's queries are
+            rows ``[cu_seqlens_q_padded[b], cu_seqlens_q_padded[b] + Lq_b)``. None: no
+            padding between slots (offsets equal ``cu_seqlens_q``).
+        cu_seqlens_kv_padded: the same for keys/values.
+        max_seqlen_q: largest real query length. Pass it to avoid a device-to-host read;
+            it is required under CUDA-graph capture.
+        max_seqlen_kv: largest real key length (same rules).
+        causal: bottom-right aligned causal mask: query i sees key j iff
+            ``j <= i + Lk_b - Lq_b``.
+        softmax_scale: defaults to ``D ** -0.5``.
+        return_lse: also return the log-sum-exp of the scores.
+        deterministic: accepted; the backward is always deterministic (no atomics).
+
+    Returns:
+        ``out [Tq, Hq, Dv]`` in ``q.dtype`` and, with ``return_lse``, ``lse [Hq, Tq]`` fp32.
+        Rows that are not real query rows (slot padding, tail, reserved capacity) hold
+        exact zeros in ``out`` and ``-inf`` in ``lse``, as does a query that sees no key;
+        their gradients are exact zeros. Padding rows of q, k, v are never read.
+
+    Examples::
+
+        >>> cu = torch.tensor([0, 3, 5], dtype=torch.int32, device="cuda")
+        >>> cup = torch.tensor([0, 4, 8], dtype=torch.int32, device="cuda")
+        >>> q = torch.randn(8, 4, 64, device="cuda", dtype=torch.bfloat16)
+        >>> out = thd.attention(q, q, q, cu, cu, cu_seqlens_q_padded=cup,
+        ...                     cu_seqlens_kv_padded=cup, max_seqlen_q=3, max_seqlen_kv=3,
+        ...                     causal=True)
+    """
+    del deterministic
+    _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    scale = float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale)
+    max_q = _resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q)
+    max_kv = _resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv)
+    out, lse = _attention_fwd_op(
+        q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+        max_q, max_kv, bool(causal), scale,
+    )
+    return (out, lse) if return_lse else out

@@ -1,0 +1,185 @@
+"""Launchers for the Triton attention kernels: tiles, autotuning, grids, allocation."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from torch import Tensor
+
+from thd.ops.attention import kernels
+
+__all__ = ["backward", "forward"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+
+
+def _prune_for_head_dim(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list:
+    """Drop tiles whose shared-memory footprint cannot fit for large head dims."""
+    head_dim = max(int(kwargs.get("BLOCK_D", 128)), int(kwargs.get("BLOCK_DV", 128)))
+    kept = [c for c in configs if head_dim <= 128 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
+    return kept or configs[-1:]
+
+
+if _INTERPRET:
+    _FWD_CONFIGS = [_config(32, 32, 4, 1)]
+    _BWD_CONFIGS = [_config(32, 32, 4, 1)]
+else:
+    _FWD_CONFIGS = [
+        _config(128, 64, 8, 3),
+        _config(128, 128, 8, 3),
+        _config(128, 64, 4, 3),
+        _config(128, 32, 4, 3),
+        _config(64, 64, 4, 3),
+        _config(64, 32, 4, 2),
+    ]
+    _BWD_CONFIGS = [
+        _config(64, 128, 8, 2),
+        _config(64, 64, 4, 2),
+        _config(32, 128, 8, 2),
+        _config(128, 64, 8, 2),
+        _config(32, 64, 4, 2),
+    ]
+
+_KEY = ["seq_bucket", "HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "GROUP"]
+
+
+def _autotune(configs: list[triton.Config], fn):  # type: ignore[no-untyped-def]
+    return triton.autotune(configs=configs, key=_KEY, prune_configs_by={"early_config_prune": _prune_for_head_dim})(fn)
+
+
+_fwd_kernel = _autotune(_FWD_CONFIGS, kernels._attention_fwd_kernel)
+_dkdv_kernel = _autotune(_BWD_CONFIGS, kernels._attention_bwd_dkdv_kernel)
+_dq_kernel = _autotune(_FWD_CONFIGS if _INTERPRET else _BWD_CONFIGS[:1] + _FWD_CONFIGS[:4], kernels._attention_bwd_dq_kernel)
+
+
+def _rows_major(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _length_order(cu: Tensor) -> Tensor:
+    """Sequence indices, longest first (device-side, no sync)."""
+    lengths = cu[1:] - cu[:-1]
+    return torch.argsort(lengths, descending=True, stable=True).to(torch.int32)
+
+
+def _seq_bucket(max_seqlen: int) -> int:
+    return triton.next_power_of_2(max(int(max_seqlen), 16))
+
+
+def _zero_padding(x: Tensor, cu: Tensor, cup: Tensor | None) -> None:
+    try:
+        from thd.padding import zero_padding_
+    except ImportError:  # TEMP until thd.padding lands
+        rows = torch.arange(x.shape[0], device=x.device)
+        starts = cu if cup is None else cup
+        seq = torch.searchsorted(starts[1:], rows, right=True).clamp(max=cu.numel() - 2)
+        valid = (rows - starts[seq] < (cu[1:] - cu[:-1])[seq]) & (rows < starts[-1])
+        x[~valid] = 0
+        return
+    zero_padding_(x, cu, cup)
+
+
+def _head_meta(q: Tensor, k: Tensor, v: Tensor) -> dict[str, int | bool]:
+    return {
+        "GROUP": q.shape[1] // k.shape[1],
+        "HEAD_DIM": q.shape[2],
+        "HEAD_DIM_V": v.shape[2],
+        "BLOCK_D": triton.next_power_of_2(q.shape[2]),
+        "BLOCK_DV": triton.next_power_of_2(v.shape[2]),
+        "UPCAST": _INTERPRET and q.dtype == torch.bfloat16,
+    }
+
+
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_q: Tensor,
+    cu_kv: Tensor,
+    cup_q: Tensor | None,
+    cup_kv: Tensor | None,
+    max_seqlen_q: int,
+    causal: bool,
+    scale: float,
+) -> tuple[Tensor, Tensor]:
+    """Launch the forward kernel; returns ``(out, lse)`` with padding rows cleaned."""
+    q, k, v = _rows_major(q), _rows_major(k), _rows_major(v)
+    num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], cu_q.shape[0] - 1
+    out = q.new_empty(num_rows, num_heads, v.shape[2])
+    lse = torch.full((num_heads, num_rows), float("-inf"), device=q.device, dtype=torch.float32)
+    if num_seqs > 0 and max_seqlen_q > 0 and num_rows > 0:
+        order = _length_order(cu_q)
+        grid = lambda meta: (triton.cdiv(max_seqlen_q, meta["BLOCK_M"]), num_heads, num_seqs)
+        _fwd_kernel[grid](
+            q, k, v, out, lse, cu_q, cu_kv,
+            cu_q if cup_q is None else cup_q, cu_kv if cup_kv is None else cup_kv, order,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), lse.stride(0), scale, _seq_bucket(max_seqlen_q),
+            IS_CAUSAL=causal, **_head_meta(q, k, v),
+        )
+    _zero_padding(out, cu_q, cup_q)
+    return out, lse
+
+
+def backward(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_q: Tensor,
+    cu_kv: Tensor,
+    cup_q: Tensor | None,
+    cup_kv: Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    causal: bool,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Launch preprocess, dK/dV and dQ kernels; returns ``(dq, dk, dv)``, padding zeroed."""
+    do, q, k, v, out = (_rows_major(t) for t in (do, q, k, v, out))
+    lse = lse.contiguous()
+    num_heads, num_kv_heads, num_seqs = q.shape[1], k.shape[1], cu_q.shape[0] - 1
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if num_seqs > 0 and q.shape[0] > 0 and k.shape[0] > 0:
+        cup_q_ = cu_q if cup_q is None else cup_q
+        cup_kv_ = cu_kv if cup_kv is None else cup_kv
+        meta = _head_meta(q, k, v)
+        delta = torch.empty_like(lse)
+        order_q = _length_order(cu_q)
+        if max_seqlen_q > 0:
+            pre_block = 64
+            kernels._attention_bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre_block), num_heads, num_seqs)](
+                out, do, delta, cu_q, cup_q_, order_q,
+                out.stride(0), out.stride(1), do.stride(0), do.stride(1), delta.stride(0),
+                HEAD_DIM_V=v.shape[2], BLOCK_DV=meta["BLOCK_DV"], BLOCK_M=pre_block,
+            )
+        strides_in = (
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            do.stride(0), do.stride(1),
+        )
+        if max_seqlen_kv > 0:
+            grid_kv = lambda m: (triton.cdiv(max_seqlen_kv, m["BLOCK_N"]), num_kv_heads, num_seqs)
+            _dkdv_kernel[grid_kv](
+                q, k, v, do, lse, delta, dk, dv, cu_q, cu_kv, cup_q_, cup_kv_, _length_order(cu_kv),
+                *strides_in, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
+                scale, _seq_bucket(max(max_seqlen_q, max_seqlen_kv)), IS_CAUSAL=causal, **meta,
+            )
+        if max_seqlen_q > 0:
+            grid_q = lambda m: (triton.cdiv(max_seqlen_q, m["BLOCK_M"]), num_heads, num_seqs)
+            _dq_kernel[grid_q](
+                q, k, v, do, lse, delta, dq, cu_q, cu_kv, cup_q_, cup_kv_, order_q,
+                *strides_in, dq.stride(0), dq.stride(1), lse.stride(0),
+                scale, _seq_bucket(max(max_seqlen_q, max_seqlen_kv)), IS_CAUSAL=causal, **meta,
+            )
+    _zero_padding(dq, cu_q, cup_q)
+    _zero_padding(dk, cu_kv, cup_kv)
+    _zero_padding(dv, cu_kv, cup_kv)
+    return dq, dk, dv
