@@ -1,0 +1,218 @@
+"""Zip plumbing: raw (still-compressed) member reads and a small deterministic zip writer.
+
+The writer emits exactly the bytes we ask for: no extra fields besides ZIP64, fixed
+version fields, the caller's timestamps and permissions. Unchanged members are copied as
+their compressed bytes (no recompression); new members are deflated at a fixed level.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+from zipfile import ZIP_DEFLATED, ZIP_STORED, ZipInfo
+
+__all__ = [
+    "CHUNK",
+    "RawMember",
+    "ZipWriter",
+    "dos_date_time",
+    "iter_raw",
+    "normalized_mode",
+]
+
+CHUNK = 1 << 20
+_LOCAL_SIG = b"PK\x03\x04"
+_U32 = 0xFFFFFFFF
+_U16 = 0xFFFF
+_FLAG_UTF8 = 0x800
+_MIN_DOS_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest zip timestamp
+
+
+def dos_date_time(epoch: int | None, fallback: tuple[int, ...] = (1980, 1, 1, 0, 0, 0)) -> tuple[int, ...]:
+    """UTC date tuple for ``epoch`` (clamped to 1980..2107), or ``fallback`` (clamped too)."""
+    if epoch is None:
+        dt = tuple(fallback)
+        return dt if dt >= (1980, 1, 1, 0, 0, 0) else (1980, 1, 1, 0, 0, 0)
+    epoch = min(max(epoch, _MIN_DOS_EPOCH), 4354819199)
+    return tuple(time.gmtime(epoch)[:6])
+
+
+def normalized_mode(external_attr: int) -> int:
+    """0o755 if any executable bit is set in the source mode, else 0o644."""
+    mode = (external_attr >> 16) & 0o777
+    return 0o755 if mode & 0o111 else 0o644
+
+
+def iter_raw(fp: BinaryIO, info: ZipInfo) -> Iterator[bytes]:
+    """Yield the compressed bytes of ``info`` from the archive file ``fp`` in chunks."""
+    fp.seek(info.header_offset)
+    header = fp.read(30)
+    if len(header) != 30 or header[:4] != _LOCAL_SIG:
+        raise ValueError(f"{info.filename}: bad local file header")
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    fp.seek(info.header_offset + 30 + name_len + extra_len)
+    left = info.compress_size
+    while left:
+        chunk = fp.read(min(CHUNK, left))
+        if not chunk:
+            raise ValueError(f"{info.filename}: truncated member data")
+        left -= len(chunk)
+        yield chunk
+
+
+@dataclass
+class RawMember:
+    """Central-directory facts of one written member."""
+
+    name: str
+    method: int
+    crc: int
+    csize: int
+    usize: int
+    mode: int
+    date_time: tuple[int, ...]
+    offset: int
+
+
+class ZipWriter:
+    """Append-only zip writer over a binary file object; call :meth:`close` to finish."""
+
+    def __init__(self, fp: BinaryIO) -> None:
+        self._fp = fp
+        self._members: list[RawMember] = []
+        self._names: set[str] = set()
+
+    def _start(
+        self, name: str, method: int, crc: int, csize: int, usize: int, mode: int, date_time: tuple[int, ...]
+    ) -> None:
+        if name in self._names:
+            raise ValueError(f"duplicate member {name!r}")
+        self._names.add(name)
+        member = RawMember(name, method, crc, csize, usize, mode, date_time, self._fp.tell())
+        self._members.append(member)
+        zip64 = csize >= _U32 or usize >= _U32
+        extra = struct.pack("<HHQQ", 1, 16, usize, csize) if zip64 else b""
+        encoded, flags = _encode(name)
+        dostime, dosdate = _dos(date_time)
+        self._fp.write(
+            struct.pack(
+                "<4sHHHHHIIIHH",
+                _LOCAL_SIG,
+                45 if zip64 else 20,
+                flags,
+                method,
+                dostime,
+                dosdate,
+                crc,
+                _U32 if zip64 else csize,
+                _U32 if zip64 else usize,
+                len(encoded),
+                len(extra),
+            )
+            + encoded
+            + extra
+        )
+
+    def add_raw(
+        self, info: ZipInfo, name: str, chunks: Iterator[bytes], mode: int, date_time: tuple[int, ...]
+    ) -> None:
+        """Copy a member's compressed bytes unchanged under a (possibly new) name."""
+        if info.compress_type not in (ZIP_STORED, ZIP_DEFLATED):
+            raise ValueError(f"{info.filename}: unsupported compression method {info.compress_type}")
+        self._start(name, info.compress_type, info.CRC, info.compress_size, info.file_size, mode, date_time)
+        written = 0
+        for chunk in chunks:
+            self._fp.write(chunk)
+            written += len(chunk)
+        if written != info.compress_size:
+            raise ValueError(f"{info.filename}: copied {written} bytes, expected {info.compress_size}")
+
+    def add_bytes(self, name: str, data: bytes, mode: int, date_time: tuple[int, ...]) -> None:
+        """Add an in-memory member, deflated at level 6 (stored if that is not smaller)."""
+        comp = zlib.compressobj(6, zlib.DEFLATED, -15)
+        packed = comp.compress(data) + comp.flush()
+        method = ZIP_DEFLATED
+        if len(packed) >= len(data):
+            packed, method = data, ZIP_STORED
+        self._start(name, method, zlib.crc32(data), len(packed), len(data), mode, date_time)
+        self._fp.write(packed)
+
+    def close(self) -> None:
+        """Write the central directory (ZIP64 records when needed)."""
+        cd_start = self._fp.tell()
+        for m in self._members:
+            fields: list[int] = []
+            usize, csize, offset = m.usize, m.csize, m.offset
+            if usize >= _U32:
+                fields.append(usize)
+                usize = _U32
+            if csize >= _U32:
+                fields.append(csize)
+                csize = _U32
+            if offset >= _U32:
+                fields.append(offset)
+                offset = _U32
+            extra = struct.pack(f"<HH{len(fields)}Q", 1, 8 * len(fields), *fields) if fields else b""
+            version = 45 if fields else 20
+            encoded, flags = _encode(m.name)
+            dostime, dosdate = _dos(m.date_time)
+            self._fp.write(
+                struct.pack(
+                    "<4sBBHHHHHIIIHHHHHII",
+                    b"PK\x01\x02",
+                    version,
+                    3,  # made by: Unix, so external_attr carries the mode
+                    version,
+                    flags,
+                    m.method,
+                    dostime,
+                    dosdate,
+                    m.crc,
+                    csize,
+                    usize,
+                    len(encoded),
+                    len(extra),
+                    0,
+                    0,
+                    0,
+                    ((0o100000 | m.mode) << 16) & _U32,
+                    offset,
+                )
+                + encoded
+                + extra
+            )
+        cd_end = self._fp.tell()
+        count, size = len(self._members), cd_end - cd_start
+        if count >= _U16 or size >= _U32 or cd_start >= _U32:
+            self._fp.write(
+                struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, size, cd_start)
+            )
+            self._fp.write(struct.pack("<4sIQI", b"PK\x06\x07", 0, cd_end, 1))
+        self._fp.write(
+            struct.pack(
+                "<4sHHHHIIH",
+                b"PK\x05\x06",
+                0,
+                0,
+                min(count, _U16),
+                min(count, _U16),
+                min(size, _U32),
+                min(cd_start, _U32),
+                0,
+            )
+        )
+
+
+def _encode(name: str) -> tuple[bytes, int]:
+    try:
+        return name.encode("ascii"), 0
+    except UnicodeEncodeError:
+        return name.encode("utf-8"), _FLAG_UTF8
+
+
+def _dos(dt: tuple[int, ...]) -> tuple[int, int]:
+    return dt[3] << 11 | dt[4] << 5 | dt[5] // 2, (dt[0] - 1980) << 9 | dt[1] << 5 | dt[2]
