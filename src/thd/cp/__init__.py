@@ -1,1 +1,17 @@
 """Context parallelism: load-balanced THD partitioning and ring attention."""
+
+from thd.cp.partition import (
+    local_cu_seqlens_padded,
+    partition,
+    partition_indices,
+    rank_cu_seqlens,
+    unpartition,
+)
+
+__all__ = [
+    "local_cu_seqlens_padded",
+    "partition",
+    "partition_indices",
+    "rank_cu_seqlens",
+    "unpartition",
+]
