@@ -1,0 +1,204 @@
+"""Command line: ``python -m release {version,build,repack,verify,release,wheel}``.
+
+Exit status 0 on success, 1 on a :class:`ReleaseError` (one ``ERROR:`` line and indented
+issues on stderr), 2 on usage errors. ``--json`` prints one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from release.errors import Issue, ReleaseError
+from release.progress import Progress
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    common.add_argument("--quiet", "-q", action="store_true", help="no progress or warnings on stderr")
+    project = argparse.ArgumentParser(add_help=False)
+    project.add_argument("--project", type=Path, default=Path("."), help="project root (default: .)")
+    isolation = argparse.ArgumentParser(add_help=False)
+    isolation.add_argument(
+        "--isolation",
+        action="store_true",
+        help="build in an isolated environment (default: this interpreter)",
+    )
+
+    parser = argparse.ArgumentParser(prog=prog or "python -m release", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("version", parents=[common, project], help="print the normalized version")
+    p.add_argument("--release", action="store_true", help="refuse local versions ('+label')")
+    p.add_argument("--file", type=Path, help="version file (default: PROJECT/VERSION.txt)")
+
+    p = sub.add_parser("build", parents=[common, project, isolation], help="build sdist and wheel")
+    p.add_argument("--outdir", type=Path, default=Path("dist"), help="fresh output directory (default: dist)")
+    p.add_argument("--no-sdist", action="store_true", help="build the wheel only")
+
+    p = sub.add_parser("repack", parents=[common], help="rename and retag a wheel zip-to-zip")
+    p.add_argument("wheel", type=Path)
+    p.add_argument("--name", required=True, help="new distribution name")
+    p.add_argument("--tag", action="append", required=True, help="compressed tag set (repeatable)")
+    p.add_argument("--requires", action="append", default=[], help="Requires-Dist to add (repeatable)")
+    p.add_argument("--outdir", type=Path, help="output directory (default: the input's)")
+    p.add_argument(
+        "--allow-extension-retag",
+        action="store_true",
+        help="allow py3-none tags on a wheel with CPython extension modules",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a different existing output")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+
+    p = sub.add_parser("verify", parents=[common], help="check wheels; report every issue")
+    p.add_argument("wheels", type=Path, nargs="+", metavar="WHEEL")
+    p.add_argument("--release", action="store_true", help="also refuse local versions")
+    p.add_argument("--max-size", type=int, help="uncompressed size limit in bytes")
+    p.add_argument("--max-ratio", type=float, help="per-member compression ratio limit")
+
+    p = sub.add_parser("release", parents=[common, project, isolation], help="build the verified release set")
+    p.add_argument("--outdir", type=Path, default=Path("dist"), help="empty output directory (default: dist)")
+    p.add_argument("--flavors", type=Path, help="flavor table (default: release/flavors.json)")
+
+    p = sub.add_parser("wheel", parents=[common, project, isolation], help="dev wheel of the default flavor")
+    p.add_argument("--outdir", type=Path, required=True)
+    p.add_argument("--local", help="local version label, e.g. g1a2b3c4")
+    p.add_argument("--flavor", help="flavor extra (default: the table's default)")
+    return parser
+
+
+def _cmd_version(args: argparse.Namespace, progress: Progress) -> tuple[dict[str, object], str]:
+    from release.version import read_version_file
+
+    info = read_version_file(args.file or args.project / "VERSION.txt")
+    if args.release:
+        info.require_release()
+    return info.as_dict(), info.normalized
+
+
+def _cmd_build(args: argparse.Namespace, progress: Progress) -> tuple[dict[str, object], str]:
+    from release.build import build_project
+
+    res = build_project(
+        args.project, args.outdir, sdist=not args.no_sdist, isolation=args.isolation, progress=progress.step
+    )
+    return res.as_dict(), "\n".join(str(p) for p in (res.sdist, res.wheel) if p)
+
+
+def _cmd_repack(args: argparse.Namespace, progress: Progress) -> tuple[dict[str, object], str]:
+    from release.repack import repack_wheel
+
+    res = repack_wheel(
+        args.wheel,
+        name=args.name,
+        tags=args.tag,
+        requires=args.requires,
+        outdir=args.outdir,
+        allow_extension_retag=args.allow_extension_retag,
+        overwrite=args.overwrite,
+        dry_run=args.dry_run,
+        progress=progress.bytes,
+    )
+    _warn(args, res.warnings)
+    if args.dry_run:
+        lines = [f"would write {res.output}"] + [f"  {k}: {v}" for k, v in res.plan.items()]
+        return res.as_dict(), "\n".join(lines)
+    return res.as_dict(), f"{res.output}{'' if res.written else ' (unchanged)'}"
+
+
+def _cmd_verify(args: argparse.Namespace, progress: Progress) -> tuple[dict[str, object], str]:
+    from release.errors import WheelVerificationError
+    from release.verify import Limits, inspect_wheel
+
+    limits = Limits()
+    if args.max_size is not None or args.max_ratio is not None:
+        limits = Limits(
+            max_total_size=args.max_size or limits.max_total_size,
+            max_ratio=args.max_ratio or limits.max_ratio,
+        )
+    results, issues = [], []
+    for wheel in args.wheels:
+        progress.step(f"verifying {wheel.name}")
+        report, found = inspect_wheel(wheel, release=args.release, limits=limits)
+        _warn(args, report.warnings)
+        results.append({**report.as_dict(), "ok": not found, "issues": [i.as_dict() for i in found]})
+        issues += found
+    if issues:
+        bad = sum(1 for r in results if not r["ok"])
+        raise WheelVerificationError(f"verify: {bad} of {len(results)} wheel(s) failed", issues)
+    return {"wheels": results}, "\n".join(f"OK {r['wheel']}" for r in results)
+
+
+def _cmd_release(args: argparse.Namespace, progress: Progress) -> tuple[dict[str, object], str]:
+    from release.release_set import make_release
+
+    res = make_release(
+        args.project, args.outdir, isolation=args.isolation, flavors=args.flavors, say=progress.step
+    )
+    lines = [f"release {res.version.normalized} -> {res.outdir}"] + [f"  {a['file']}" for a in res.artifacts]
+    return res.as_dict(), "\n".join(lines)
+
+
+def _cmd_wheel(args: argparse.Namespace, progress: Progress) -> tuple[dict[str, object], str]:
+    from release.release_set import make_dev_wheel
+
+    info, report = make_dev_wheel(
+        args.project,
+        args.outdir,
+        local=args.local,
+        flavor=args.flavor,
+        isolation=args.isolation,
+        say=progress.step,
+    )
+    return {"version": info.as_dict(), "wheel": report.as_dict()}, str(report.path)
+
+
+def _warn(args: argparse.Namespace, warnings: Sequence[Issue]) -> None:
+    if not args.quiet:
+        for warning in warnings:
+            print(f"WARNING: {warning}", file=sys.stderr)
+
+
+_COMMANDS = {
+    "version": _cmd_version,
+    "build": _cmd_build,
+    "repack": _cmd_repack,
+    "verify": _cmd_verify,
+    "release": _cmd_release,
+    "wheel": _cmd_wheel,
+}
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Run one command; return the exit status (0 ok, 1 release error, 2 usage error)."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    progress = Progress(quiet=args.quiet)
+    try:
+        payload, text = _COMMANDS[args.command](args, progress)
+    except ReleaseError as exc:
+        message = str(exc).splitlines() or [type(exc).__name__]
+        print(f"ERROR: {message[0]}", file=sys.stderr)
+        for line in message[1:]:
+            print(f"    {line}", file=sys.stderr)
+        for issue in exc.issues:
+            print(f"    {issue}", file=sys.stderr)
+        if args.json:
+            error = {"code": exc.code, "message": str(exc), "issues": [i.as_dict() for i in exc.issues]}
+            print(json.dumps({"ok": False, "command": args.command, "error": error}, indent=2))
+        return 1
+    if args.json:
+        print(json.dumps({"ok": True, "command": args.command, **payload}, indent=2))
+    elif text:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
