@@ -1,0 +1,335 @@
+"""``thd.attention`` through the Triton interpreter (CPU lane) against ``thd.reference.attention``.
+
+Shapes stay tiny (sequences of at most 40 tokens, 1-2 heads, D 32): the interpreter costs about
+30 ms per 32x32 program iteration. Every case poisons the padding rows of q, k, v with NaN and
+checks forward (out, lse) and backward (dq, dk, dv) against the reference, then checks the
+exact zeros / -inf on every non-real row.
+"""
+
+from __future__ import annotations
+
+import os
+from itertools import product
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import thd
+from tests._helpers import (
+    Layout,
+    assert_close,
+    assert_rows_equal,
+    make_layout,
+    make_qkv,
+    poison_rows,
+    tolerance,
+)
+from thd.errors import ThdTypeError, ThdValueError
+from thd.ops.attention import attention_backward, attention_forward, reference
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="CPU lane: needs TRITON_INTERPRET=1 so that CPU tensors run the Triton kernels",
+)
+
+LAYOUTS = [
+    make_layout("packed", [17, 33, 5]),
+    make_layout("slot_pad", [13, 1, 29], pad_q=[3, 7, 3]),
+    make_layout("tail_pad", [20, 11], pad_q=[0, 5]),
+    make_layout("capacity", [9, 24], pad_q=[3, 0], capacity_q=10),
+    make_layout("empty_one", [0, 1, 18, 0, 1], pad_q=[4, 0, 2, 0, 2], capacity_q=4),
+    # Cross attention: Lq != Lk per sequence, a query side with Lk = 0 and a key side with Lq = 0;
+    # causal with Lq > Lk leaves the first Lq - Lk queries with no visible key.
+    make_layout(
+        "cross",
+        [7, 30, 1, 0],
+        [19, 12, 0, 5],
+        pad_q=[1, 2, 0, 3],
+        pad_kv=[0, 4, 2, 1],
+        capacity_q=2,
+        capacity_kv=5,
+    ),
+]
+# (Hq, Hkv, D, Dv): MHA, GQA, MQA with Dv > D, GQA with D = 64 > Dv.
+HEADS = [(2, 2, 32, 32), (2, 1, 32, 32), (1, 1, 32, 64), (2, 1, 64, 32)]
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _case(
+    layout: Layout,
+    heads: tuple[int, int, int, int],
+    causal: bool,
+    dtype: torch.dtype,
+    *,
+    given_max: bool,
+    scale: float | None,
+) -> Any:
+    hq, hkv, d, dv = heads
+    case_id = (
+        f"{layout.name}-T{layout.total_q}x{layout.total_kv}-H{hq}x{hkv}-D{d}x{dv}-"
+        f"{_DTYPE_NAMES[dtype]}-causal{int(causal)}-max{int(given_max)}"
+    )
+    return pytest.param(layout, heads, causal, dtype, given_max, scale, id=case_id)
+
+
+CASES = [
+    _case(layout, heads, causal, dtype, given_max=i % 4 in (0, 3), scale=0.3 if i % 5 == 0 else None)
+    for i, (layout, heads, causal, dtype) in enumerate(
+        product(LAYOUTS, HEADS, (False, True), (torch.float32, torch.float16))
+    )
+] + [_case(LAYOUTS[1], HEADS[1], True, torch.bfloat16, given_max=True, scale=None)]
+
+
+def _leaves(*tensors: Tensor) -> list[Tensor]:
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
+def _grads(tensors: list[Tensor]) -> list[Tensor]:
+    grads = [t.grad for t in tensors]
+    assert all(g is not None for g in grads), "a gradient is missing"
+    return [g for g in grads if g is not None]
+
+
+def _run(
+    fn: Any, q: Tensor, k: Tensor, v: Tensor, do: Tensor, kwargs: dict[str, Any]
+) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """Forward with lse, backward with ``do``: ``(out, lse, [dq, dk, dv])``."""
+    leaves = _leaves(q, k, v)
+    out, lse = fn(*leaves, **kwargs, return_lse=True)
+    out.backward(do)
+    return out.detach(), lse.detach(), _grads(leaves)
+
+
+def _check_padding(layout: Layout, out: Tensor, lse: Tensor, grads: list[Tensor]) -> None:
+    pad_q, pad_kv = ~layout.real_rows("q"), ~layout.real_rows("kv")
+    assert_rows_equal(out, pad_q, 0.0, "out")
+    assert_rows_equal(lse, pad_q, float("-inf"), "lse", dim=1)
+    for name, grad, pad in zip(("dq", "dk", "dv"), grads, (pad_q, pad_kv, pad_kv), strict=True):
+        assert_rows_equal(grad, pad, 0.0, name)
+
+
+@pytest.mark.parametrize(("layout", "heads", "causal", "dtype", "given_max", "scale"), CASES)
+def test_attention_matches_reference(
+    layout: Layout,
+    heads: tuple[int, int, int, int],
+    causal: bool,
+    dtype: torch.dtype,
+    given_max: bool,
+    scale: float | None,
+) -> None:
+    hq, hkv, d, dv = heads
+    q, k, v, do = make_qkv(layout, hq, hkv, d, dv, dtype)
+    common = {"causal": causal, "softmax_scale": scale}
+    out, lse, grads = _run(
+        thd.attention,
+        q,
+        k,
+        v,
+        do,
+        {**layout.kwargs(max_seqlen=given_max), **common, "deterministic": hkv < hq},
+    )
+    ref_out, ref_lse, ref_grads = _run(reference.attention, q, k, v, do, {**layout.kwargs(), **common})
+    assert out.dtype == dtype and out.shape == (layout.total_q, hq, dv)
+    assert lse.dtype == torch.float32 and lse.shape == (hq, layout.total_q)
+    assert_close(out, ref_out, "out", **tolerance(dtype))
+    assert_close(lse, ref_lse, "lse", **tolerance(dtype))
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
+        assert got.dtype == dtype
+        assert_close(got, want, name, **tolerance(dtype, "grad"))
+    _check_padding(layout, out, lse, grads)
+
+
+def test_attention_never_reads_padding_rows() -> None:
+    """NaN, +inf and zeros in the padding rows of q, k, v give bitwise identical results."""
+    layout = LAYOUTS[4]
+    q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32)
+    kwargs = {**layout.kwargs(), "causal": True}
+    results = []
+    for value in (float("nan"), float("inf"), 0.0):
+        poisoned = [
+            poison_rows(t, layout.real_rows(side), value) for t, side in ((q, "q"), (k, "kv"), (v, "kv"))
+        ]
+        results.append(_run(thd.attention, *poisoned, do, kwargs))
+    for out, lse, grads in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+        assert all(torch.equal(g, g0) for g, g0 in zip(grads, results[0][2], strict=True))
+
+
+def test_attention_backward_ignores_do_on_padding_rows() -> None:
+    """An output gradient with NaN on padding rows changes no gradient (and no zero)."""
+    layout = LAYOUTS[2]
+    q, k, v, do = make_qkv(layout, 2, 2, 32, 32, torch.float32)
+    kwargs = {**layout.kwargs(), "causal": False}
+    _, _, grads = _run(thd.attention, q, k, v, do, kwargs)
+    _, _, grads_nan = _run(thd.attention, q, k, v, poison_rows(do, layout.real_rows("q")), kwargs)
+    for name, got, want in zip(("dq", "dk", "dv"), grads_nan, grads, strict=True):
+        assert torch.equal(got, want), f"{name} changed when do's padding rows are NaN"
+
+
+def test_attention_max_seqlen_upper_bound() -> None:
+    """``max_seqlen_*`` may be any upper bound (e.g. the buffer size, as under CUDA graphs)."""
+    layout = LAYOUTS[5]
+    q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float16)
+    base = {**layout.kwargs(), "causal": True}
+    loose = {**base, "max_seqlen_q": layout.total_q, "max_seqlen_kv": layout.total_kv}
+    tight = _run(thd.attention, q, k, v, do, base)
+    wide = _run(thd.attention, q, k, v, do, loose)
+    assert torch.equal(tight[0], wide[0]) and torch.equal(tight[1], wide[1])
+    assert all(torch.equal(a, b) for a, b in zip(tight[2], wide[2], strict=True))
+
+
+@pytest.mark.parametrize("layout", [make_layout("none", []), make_layout("empty", [0, 0], capacity_q=5)])
+def test_attention_without_real_tokens(layout: Layout) -> None:
+    """No sequences (B = 0) or only empty ones: all zeros, lse -inf, zero gradients."""
+    q, k, v, do = make_qkv(layout, 2, 2, 32, 32, torch.float32)
+    if layout.total_q == 0:
+        q, k, v, do = (torch.randn(3, 2, 32) for _ in range(4))
+    out, lse, grads = _run(thd.attention, q, k, v, do, layout.kwargs())
+    assert torch.equal(out, torch.zeros_like(out))
+    assert bool((lse == float("-inf")).all())
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+
+
+def test_attention_low_level_entry_points_match_reference() -> None:
+    """``attention_forward`` / ``attention_backward`` (the ring's API) against the reference."""
+    layout = LAYOUTS[5]
+    q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32)
+    kw = layout.kwargs()
+    cu = (kw["cu_seqlens_q"], kw["cu_seqlens_kv"], kw["cu_seqlens_q_padded"], kw["cu_seqlens_kv_padded"])
+    maxes = (kw["max_seqlen_q"], kw["max_seqlen_kv"])
+    scale = 32**-0.5
+    out, lse = attention_forward(q, k, v, *cu, *maxes, True, scale)
+    ref_out, ref_lse, ref_grads = _run(reference.attention, q, k, v, do, {**kw, "causal": True})
+    assert_close(out, ref_out, "out", **tolerance(torch.float32))
+    assert_close(lse, ref_lse, "lse", **tolerance(torch.float32))
+    grads = attention_backward(do, q, k, v, out, lse, *cu, *maxes, True, scale, deterministic=True)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
+        assert_close(got, want, name, **tolerance(torch.float32, "grad"))
+    _check_padding(layout, out, lse, list(grads))
+
+
+def test_attention_runs_triton_under_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With TRITON_INTERPRET=1, CPU tensors must not fall back to the torch reference."""
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("thd.attention called the torch reference under TRITON_INTERPRET=1")
+
+    for name in ("attention", "attention_forward", "attention_backward"):
+        monkeypatch.setattr(reference, name, fail)
+    layout = LAYOUTS[2]
+    q, k, v, do = make_qkv(layout, 1, 1, 32, 32, torch.float32)
+    _run(thd.attention, q, k, v, do, layout.kwargs())
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records every ``thd::`` op call with its arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func.namespace == "thd":
+            self.calls.append((func, args, kwargs))
+        return func(*args, **kwargs)
+
+
+def test_attention_custom_ops_pass_opcheck() -> None:
+    """``thd::attention_fwd`` / ``thd::attention_bwd`` exist and pass ``torch.library.opcheck``."""
+    layout = make_layout("opcheck", [5, 9], pad_q=[2, 0], capacity_q=1)
+    q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32, poison=None)
+    leaves = _leaves(q, k, v)
+    with _OpRecorder() as recorder:
+        out = thd.attention(*leaves, **layout.kwargs(), causal=True)
+        out.backward(do)
+    names = sorted({str(func) for func, _, _ in recorder.calls})
+    assert names == ["thd.attention_bwd.default", "thd.attention_fwd.default"], names
+    for func, args, kwargs in recorder.calls:
+        # Inputs of the forward op require grad (its autograd formula is checked); the
+        # backward op has no double-backward, so its inputs do not.
+        needs_grad = "attention_fwd" in str(func)
+        args = tuple(
+            a.detach().clone().requires_grad_(needs_grad and a.is_floating_point())
+            if isinstance(a, Tensor)
+            else a
+            for a in args
+        )
+        torch.library.opcheck(func, args, kwargs)
+
+
+def test_attention_compiles_without_graph_breaks() -> None:
+    """``torch.compile(fullgraph=True)`` (aot_eager on CPU) gives the eager result, fwd and bwd."""
+    layout = LAYOUTS[2]
+    q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32)
+    kwargs = {**layout.kwargs(), "causal": True}
+
+    def fn(q_: Tensor, k_: Tensor, v_: Tensor, **kw: Any) -> tuple[Tensor, Tensor]:
+        return thd.attention(q_, k_, v_, **kw)  # type: ignore[return-value]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    eager = _run(fn, q, k, v, do, kwargs)
+    got = _run(compiled, q, k, v, do, kwargs)
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    assert all(torch.equal(a, b) for a, b in zip(got[2], eager[2], strict=True))
+
+
+# ----------------------------------------------------------------------------- argument errors
+
+
+def _args(
+    tq: int = 8, hq: int = 2, hkv: int = 2, d: int = 32, dv: int = 32, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    return {
+        "q": torch.randn(tq, hq, d, dtype=dtype),
+        "k": torch.randn(8, hkv, d, dtype=dtype),
+        "v": torch.randn(8, hkv, dv, dtype=dtype),
+        "cu_seqlens_q": cu,
+        "cu_seqlens_kv": cu.clone(),
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        pytest.param(
+            {"cu_seqlens_q": torch.tensor([0, 3, 8])}, ThdTypeError, "cu_seqlens_q", id="cu_q-int64"
+        ),
+        pytest.param(
+            {"cu_seqlens_kv": torch.tensor([0, 3, 8])}, ThdTypeError, "cu_seqlens_kv", id="cu_kv-int64"
+        ),
+        pytest.param(
+            {"cu_seqlens_q_padded": torch.tensor([0, 4, 8])},
+            ThdTypeError,
+            "cu_seqlens_q_padded",
+            id="cup_q-int64",
+        ),
+        pytest.param(
+            {"cu_seqlens_kv": torch.tensor([0, 8], dtype=torch.int32)},
+            ThdValueError,
+            "cu_seqlens_kv",
+            id="cu-lengths-differ",
+        ),
+        pytest.param(
+            {"cu_seqlens_kv_padded": torch.tensor([0, 8], dtype=torch.int32)},
+            ThdValueError,
+            "cu_seqlens_kv_padded",
+            id="cup-length-differs",
+        ),
+        pytest.param(_args(hq=3), ThdValueError, "heads", id="heads-indivisible"),
+        pytest.param(_args(d=48), ThdValueError, "head_dim", id="head_dim-48"),
+        pytest.param(_args(dv=16), ThdValueError, "head_dim", id="head_dim_v-16"),
+        pytest.param({"k": torch.randn(8, 2, 32, dtype=torch.float16)}, ThdTypeError, "dtype", id="k-fp16"),
+        pytest.param({"v": torch.randn(7, 2, 32)}, ThdValueError, r"\bv\b", id="v-rows"),
+        pytest.param({"q": torch.randn(8, 64)}, ThdValueError, r"\bq\b", id="q-2d"),
+    ],
+)
+def test_rejects_bad_arguments(change: dict[str, Any], error: type[Exception], match: str) -> None:
+    args = {**_args(), **change}
+    with pytest.raises(error, match=match):
+        thd.attention(**args)
