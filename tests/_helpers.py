@@ -236,7 +236,8 @@ def make_qkv(
     """
 
     def randn(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=generator, dtype=torch.float32).to(device, dtype)
+        where = device if generator is None else generator.device
+        return torch.randn(*shape, generator=generator, device=where).to(device, dtype)
 
     q = randn(layout.total_q, heads_q, dim)
     k = randn(layout.total_kv, heads_kv, dim)
