@@ -73,15 +73,8 @@ def _seq_bucket(max_seqlen: int) -> int:
 
 
 def _zero_padding(x: Tensor, cu: Tensor, cup: Tensor | None) -> None:
-    try:
-        from thd.padding import zero_padding_
-    except ImportError:  # TEMP until thd.padding lands
-        rows = torch.arange(x.shape[0], device=x.device)
-        starts = cu if cup is None else cup
-        seq = torch.searchsorted(starts[1:], rows, right=True).clamp(max=cu.numel() - 2)
-        valid = (rows - starts[seq] < (cu[1:] - cu[:-1])[seq]) & (rows < starts[-1])
-        x[~valid] = 0
-        return
+    from thd.padding import zero_padding_
+
     zero_padding_(x, cu, cup)
 
 
