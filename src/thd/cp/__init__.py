@@ -7,11 +7,13 @@ from thd.cp.partition import (
     rank_cu_seqlens,
     unpartition,
 )
+from thd.cp.ring import ring_attention
 
 __all__ = [
     "local_cu_seqlens_padded",
     "partition",
     "partition_indices",
     "rank_cu_seqlens",
+    "ring_attention",
     "unpartition",
 ]

@@ -1,0 +1,117 @@
+"""Point-to-point ring exchanges over ``torch.distributed``: the one home of stream and order rules.
+
+Rules (everything in :mod:`thd.cp.ring` goes through :class:`RingComm`):
+
+- Every exchange is one ``dist.batch_isend_irecv`` call, so the sends and receives of a ring
+  step form one NCCL group and can never deadlock against each other, whatever the number of
+  ranks (cp = 2 included, where "next" and "previous" are the same peer).
+- Messages between two ranks are posted in the same order on both sides; each carries a tag
+  derived from the ring step and message kind so gloo matches them by tag as well.
+- On CUDA the operations are issued from a side stream that first waits for the current
+  stream, so every buffer written, read or freed by work queued before the exchange is safe
+  (this also forks the side stream correctly during CUDA-graph capture). :meth:`Pending.wait`
+  makes the current stream wait for the communication and joins the side stream back; it never
+  blocks the host on CUDA (gloo waits on the host).
+- Overlap comes from posting the exchange of step ``i + 1`` before queuing the compute of step
+  ``i`` and waiting for it only after.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from thd.errors import ThdDistributedError
+
+__all__ = ["Pending", "RingComm", "resolve_group"]
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The cached communication stream of a CUDA device (``THD_CP_SIDE_STREAM=0`` disables it)."""
+    if device.type != "cuda" or os.environ.get("THD_CP_SIDE_STREAM", "1") == "0":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None:
+        stream = torch.cuda.Stream(device=index)
+        _SIDE_STREAMS[index] = stream
+    return stream
+
+
+def resolve_group(fn: str, group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """``group`` or the default group; :class:`ThdDistributedError` when there is none."""
+    if not dist.is_available():
+        raise ThdDistributedError(f"{fn}: group: torch.distributed is not available in this build of torch")
+    if not dist.is_initialized():
+        raise ThdDistributedError(
+            f"{fn}: group: torch.distributed is not initialized; call "
+            "torch.distributed.init_process_group(...) first (cp=1 still needs a process group)"
+        )
+    resolved = dist.group.WORLD if group is None else group
+    if resolved is None or dist.get_rank(resolved) < 0:
+        raise ThdDistributedError(
+            f"{fn}: group: this process (global rank {dist.get_rank()}) is not a member of the group"
+        )
+    return resolved
+
+
+@dataclass
+class Pending:
+    """Outstanding operations of one exchange; keeps their tensors alive until :meth:`wait`."""
+
+    works: list[dist.Work] = field(default_factory=list)
+    tensors: list[Tensor] = field(default_factory=list)
+    stream: torch.cuda.Stream | None = None
+
+    def wait(self) -> None:
+        """Order the current stream after the exchange (host wait on CPU/gloo). Idempotent."""
+        for work in self.works:
+            work.wait()
+        if self.stream is not None:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+        self.works.clear()
+        self.tensors.clear()
+        self.stream = None
+
+
+class RingComm:
+    """Sends to the next rank and receives from the previous one (or the reverse) in a group."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._global = [dist.get_global_rank(group, r) for r in range(self.size)]
+
+    def peer(self, offset: int) -> int:
+        """Global rank of the group member ``offset`` places after this one (mod size)."""
+        return self._global[(self.rank + offset) % self.size]
+
+    def send(self, tensor: Tensor, offset: int, tag: int) -> dist.P2POp:
+        """An isend of ``tensor`` to the member ``offset`` places away (``+1`` next, ``-1`` previous)."""
+        return dist.P2POp(dist.isend, tensor, self.peer(offset), self.group, tag)
+
+    def recv(self, tensor: Tensor, offset: int, tag: int) -> dist.P2POp:
+        """An irecv into ``tensor`` from the member ``offset`` places away."""
+        return dist.P2POp(dist.irecv, tensor, self.peer(offset), self.group, tag)
+
+    def start(self, ops: Sequence[dist.P2POp]) -> Pending:
+        """Post ``ops`` as one batch (one NCCL group); returns the :class:`Pending` handle."""
+        if not ops:
+            return Pending()
+        tensors = [op.tensor for op in ops]
+        stream = _side_stream(tensors[0].device)
+        if stream is None:
+            return Pending(list(dist.batch_isend_irecv(list(ops))), tensors)
+        current = torch.cuda.current_stream(tensors[0].device)
+        stream.wait_stream(current)  # buffers produced/freed by queued work are safe; forks under capture
+        with torch.cuda.stream(stream):
+            works = dist.batch_isend_irecv(list(ops))
+        return Pending(list(works), tensors, stream)

@@ -1,0 +1,119 @@
+"""Single-process simulation of every rank of the ring: an oracle for the ring's schedule.
+
+:func:`simulate_ring_attention` partitions a global batch, builds each rank's
+:class:`~thd.cp.ring.RingPlan`, and runs every (rank, K/V block) step of the forward and the
+backward with the same step arguments and merge as :mod:`thd.cp.ring`, but without any
+communication (the K/V block of rank ``j`` is read directly, and each block's dK/dV is summed
+over all ranks). It checks sections, per-step counts, offsets and the merge against
+:func:`thd.reference.attention` on the unpartitioned batch without spawning processes. Not fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from thd.cp.partition import partition, unpartition
+from thd.cp.ring import RingPlan, build_plan, merge_partial_
+
+__all__ = ["SimulatedRing", "simulate_ring_attention"]
+
+
+@dataclass(frozen=True)
+class SimulatedRing:
+    """Per-rank shards (lists indexed by rank) and their unpartitioned global views."""
+
+    out: list[Tensor]
+    lse: list[Tensor]
+    dq: list[Tensor] | None
+    dk: list[Tensor] | None
+    dv: list[Tensor] | None
+    plans: list[RingPlan]
+
+    def gather(self, name: str, cu_seqlens_padded: Tensor) -> Tensor:
+        """The global ``[T, ...]`` tensor of ``name`` (``out``, ``dq``, ``dk``, ``dv``)."""
+        shards = getattr(self, name)
+        return unpartition(shards, cu_seqlens_padded, len(shards))
+
+
+def _max_len(cu: Tensor) -> int:
+    return int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+
+
+def simulate_ring_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_kv: Tensor,
+    cu_seqlens_q_padded: Tensor,
+    cu_seqlens_kv_padded: Tensor,
+    *,
+    cp_size: int,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    pad_between_seqs: bool = True,
+    do: Tensor | None = None,
+) -> SimulatedRing:
+    """Run the ring's per-rank steps for all ``cp_size`` ranks on the global ``q, k, v``.
+
+    ``q, k, v`` and ``do`` (optional; enables the backward) are global ``[T, H, D]`` buffers
+    laid out by ``cu_seqlens_*_padded``. Returns per-rank shards of ``out``, ``lse`` and, with
+    ``do``, ``dq, dk, dv``.
+    """
+    cp = cp_size
+    scale = float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale)
+    plans = [
+        build_plan(
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            cu_seqlens_q_padded,
+            cu_seqlens_kv_padded,
+            cp_size=cp,
+            cp_rank=r,
+            causal=causal,
+            pad_between_seqs=pad_between_seqs,
+            max_seqlen_q=_max_len(cu_seqlens_q),
+            max_seqlen_kv=_max_len(cu_seqlens_kv),
+            softmax_scale=scale,
+        )
+        for r in range(cp)
+    ]
+    qs = [partition(q, cu_seqlens_q_padded, cp, r) for r in range(cp)]
+    ks = [partition(k, cu_seqlens_kv_padded, cp, r) for r in range(cp)]
+    vs = [partition(v, cu_seqlens_kv_padded, cp, r) for r in range(cp)]
+    outs, lses = [], []
+    for r, plan in enumerate(plans):
+        out_acc, lse_acc = None, None
+        for i in range(cp):
+            j = (r - i) % cp
+            out_i, lse_i = plan.steps[j].forward(qs[r], ks[j], vs[j], scale)
+            if out_acc is None or lse_acc is None:
+                out_acc, lse_acc = out_i.float(), lse_i
+            else:
+                merge_partial_(out_acc, lse_acc, out_i, lse_i)
+        assert out_acc is not None and lse_acc is not None
+        outs.append(out_acc.to(q.dtype))
+        lses.append(lse_acc)
+    if do is None:
+        return SimulatedRing(outs, lses, None, None, None, plans)
+    dos = [partition(do, cu_seqlens_q_padded, cp, r) for r in range(cp)]
+    dqs = [torch.zeros_like(x, dtype=torch.float32) for x in qs]
+    dks = [torch.zeros_like(x, dtype=torch.float32) for x in ks]
+    dvs = [torch.zeros_like(x, dtype=torch.float32) for x in vs]
+    for r, plan in enumerate(plans):
+        for j in range(cp):
+            dq, dk, dv = plan.steps[j].backward(dos[r], qs[r], ks[j], vs[j], outs[r], lses[r], scale)
+            dqs[r] += dq
+            dks[j] += dk
+            dvs[j] += dv
+    return SimulatedRing(
+        outs,
+        lses,
+        [x.to(q.dtype) for x in dqs],
+        [x.to(k.dtype) for x in dks],
+        [x.to(v.dtype) for x in dvs],
+        plans,
+    )

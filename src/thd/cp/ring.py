@@ -1,0 +1,583 @@
+"""Ring (P2P) context-parallel attention over the load-balanced THD layout; owns no kernels.
+
+Rank ``r`` of a ``cp``-rank group holds chunks ``r`` and ``2cp-1-r`` of every slot
+(:func:`thd.cp.partition`). Forward: K/V travel as one flat buffer to the next rank; at step
+``i`` rank ``r`` attends its queries to the K/V of rank ``j = (r - i) mod cp``. Causal sections
+(spec §3.2): ``j == r`` diagonal (causal inside each local slot), ``j < r`` lower (all local
+queries, first half of KV_j, no mask), ``j > r`` upper (second half of the local queries, all of
+KV_j, no mask); without ``causal`` every step is full. Partial ``(out, lse)`` pairs are merged in
+fp32 with a NaN-safe log-sum-exp. Backward runs the ring the other way and the partial dK/dV of
+each K/V block travels with it, so each rank ends with the complete gradient of its own block.
+
+Halves are never copied. Padding sits at the end of a slot, so the real rows of each half of a
+local slot are a prefix of that half: the first half of KV_j is the local slot offsets with
+first-half counts, and the second half of the queries is described by offsets at the half
+starts (after one leading empty sequence, so offsets start at 0) with second-half counts. The
+kernels write exact zeros and ``-inf`` on every other row, which the merge ignores, so per-step
+outputs and gradients are full-size and are simply added.
+
+Per-step counts come from :func:`thd.cp.rank_cu_seqlens` (computed once per call, for all
+ranks, and reused by the backward) whenever the layout has padding; the ``cu // cp`` fast path
+is taken only when ``pad_between_seqs`` resolves to False, where it is exact. :data:`path_counts`
+records which path each call took.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from thd import layout as _layout
+from thd._capture import is_capturing
+from thd.cp.comm import RingComm, resolve_group
+from thd.cp.partition import local_cu_seqlens_padded, rank_cu_seqlens
+from thd.errors import ThdDistributedError, ThdError, ThdTypeError, ThdValueError
+from thd.ops.attention import attention_backward, attention_forward
+
+__all__ = ["RingPlan", "StepArgs", "build_plan", "merge_partial_", "path_counts", "ring_attention"]
+
+path_counts: Counter[str] = Counter()
+"""Calls per count path: ``"rank_counts"`` (exact, from :func:`thd.cp.rank_cu_seqlens`),
+``"fast"`` (``cu_seqlens // cp``, only without padding) and ``"single"`` (cp = 1)."""
+
+_FN = "ring_attention"
+_KV, _DKV = 0, 1  # message kinds, part of the p2p tag
+
+
+def _zero_padding(x: Tensor, cu: Tensor, cup: Tensor, *, pad_between_seqs: bool) -> Tensor:
+    from thd.padding import zero_padding_ as impl  # imported on use: thd.padding imports Triton
+
+    return impl(x, cu, cup, pad_between_seqs=pad_between_seqs)
+
+
+def _resolve_pad(explicit: bool | None, cu: Tensor, cup: Tensor | None, cp: int) -> bool:
+    from thd.padding import resolve_pad_between_seqs
+
+    return resolve_pad_between_seqs(explicit, cu, cup, cp_size=cp)
+
+
+def _tag(step: int, kind: int) -> int:
+    return 2 * step + kind
+
+
+@dataclass(frozen=True)
+class StepArgs:
+    """Kernel arguments of one ring step (one K/V source rank)."""
+
+    cu_seqlens_q: Tensor
+    cu_seqlens_kv: Tensor
+    cu_seqlens_q_padded: Tensor
+    cu_seqlens_kv_padded: Tensor
+    max_seqlen_q: int
+    max_seqlen_kv: int
+    causal: bool
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+        """``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``, zeros / ``-inf`` outside this step's rows."""
+        return attention_forward(
+            q, k, v, self.cu_seqlens_q, self.cu_seqlens_kv, self.cu_seqlens_q_padded,
+            self.cu_seqlens_kv_padded, self.max_seqlen_q, self.max_seqlen_kv, self.causal, scale,
+        )  # fmt: skip
+
+    def backward(
+        self, do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(dq, dk, dv)`` of this step from the merged ``out`` and ``lse``."""
+        return attention_backward(
+            do, q, k, v, out, lse, self.cu_seqlens_q, self.cu_seqlens_kv, self.cu_seqlens_q_padded,
+            self.cu_seqlens_kv_padded, self.max_seqlen_q, self.max_seqlen_kv, self.causal, scale,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RingPlan:
+    """Everything a rank needs for one call, built once by :func:`build_plan`.
+
+    ``steps[j]`` are the kernel arguments for the K/V block of rank ``j``; ``cu_seqlens_*_local``
+    are the real-row counts of this rank's own local slots and ``cu_seqlens_*_padded_local``
+    their offsets (used for the padding cleanup).
+    """
+
+    cp_size: int
+    cp_rank: int
+    pad: bool
+    exact: bool
+    softmax_scale: float
+    steps: tuple[StepArgs, ...]
+    cu_seqlens_q_local: Tensor
+    cu_seqlens_q_padded_local: Tensor
+    cu_seqlens_kv_local: Tensor
+    cu_seqlens_kv_padded_local: Tensor
+
+
+def _counts(cu: Tensor, cup: Tensor, cp: int, rank: int, exact: bool, first: bool, second: bool) -> Tensor:
+    if exact:
+        return rank_cu_seqlens(cu, cup, cp, rank, first_half=first, second_half=second)
+    parts = cp if (first and second) else 2 * cp
+    return torch.div(cu, parts, rounding_mode="floor")
+
+
+def build_plan(
+    cu_seqlens_q: Tensor,
+    cu_seqlens_kv: Tensor,
+    cu_seqlens_q_padded: Tensor,
+    cu_seqlens_kv_padded: Tensor,
+    *,
+    cp_size: int,
+    cp_rank: int,
+    causal: bool,
+    pad_between_seqs: bool,
+    max_seqlen_q: int,
+    max_seqlen_kv: int,
+    softmax_scale: float,
+) -> RingPlan:
+    """Per-step counts, offsets and length bounds of rank ``cp_rank`` (device-side, no sync).
+
+    ``cu_seqlens_*`` are the global real counts, ``cu_seqlens_*_padded`` the global slot offsets
+    and ``max_seqlen_*`` the largest global real lengths. With padding the local counts of a
+    slot can reach its full real length, so the bounds stay ``max_seqlen``; without padding
+    every chunk is full and they shrink to ``max_seqlen // cp`` (``// 2cp`` for halves).
+    """
+    cu_q, cu_kv, cup_q, cup_kv = cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
+    cp, r = cp_size, cp_rank
+    if cp == 1:
+        step = StepArgs(cu_q, cu_kv, cup_q, cup_kv, max_seqlen_q, max_seqlen_kv, causal)
+        return RingPlan(1, 0, pad_between_seqs, True, softmax_scale, (step,), cu_q, cup_q, cu_kv, cup_kv)
+    exact = pad_between_seqs
+    full_div, half_div = (1, 1) if exact else (cp, 2 * cp)
+    mq, mq_half = max_seqlen_q // full_div, max_seqlen_q // half_div
+    mkv, mkv_half = max_seqlen_kv // full_div, max_seqlen_kv // half_div
+    cupl_q, cupl_kv = local_cu_seqlens_padded(cup_q, cp), local_cu_seqlens_padded(cup_kv, cp)
+    full_q = _counts(cu_q, cup_q, cp, r, exact, True, True)
+    full_kv = [_counts(cu_kv, cup_kv, cp, j, exact, True, True) if j != r or not causal else full_q
+               for j in range(cp)]  # fmt: skip
+    steps: list[StepArgs] = []
+    if not causal:
+        steps = [StepArgs(full_q, full_kv[j], cupl_q, cupl_kv, mq, mkv, False) for j in range(cp)]
+    else:
+        zero = cu_q.new_zeros(1)
+        second_q = torch.cat((zero, _counts(cu_q, cup_q, cp, r, exact, False, True)))
+        half_starts = torch.div(cupl_q[:-1] + cupl_q[1:], 2, rounding_mode="floor")
+        second_q_padded = torch.cat((zero, half_starts, cupl_q[-1:]))
+        kv_padded_shifted = torch.cat((zero, cupl_kv))
+        for j in range(cp):
+            if j == r:
+                steps.append(StepArgs(full_q, full_q, cupl_q, cupl_kv, mq, mkv, True))
+            elif j < r:
+                first_kv = _counts(cu_kv, cup_kv, cp, j, exact, True, False)
+                steps.append(StepArgs(full_q, first_kv, cupl_q, cupl_kv, mq, mkv_half, False))
+            else:
+                kv_counts = torch.cat((zero, full_kv[j]))
+                steps.append(
+                    StepArgs(second_q, kv_counts, second_q_padded, kv_padded_shifted, mq_half, mkv, False)
+                )
+    return RingPlan(cp, r, pad_between_seqs, exact, softmax_scale, tuple(steps), full_q, cupl_q,
+                    full_kv[r], cupl_kv)  # fmt: skip
+
+
+def merge_partial_(out_acc: Tensor, lse_acc: Tensor, out_i: Tensor, lse_i: Tensor) -> None:
+    """Fold ``(out_i, lse_i)`` into the fp32 accumulators in place (log-sum-exp merge).
+
+    ``out_acc [T, H, Dv]`` fp32, ``lse_acc [H, T]`` fp32. Rows where both sides are ``-inf``
+    stay ``-inf`` with weight 0 on both (no NaN), so exact-zero rows stay exact zeros.
+    """
+    hi = torch.maximum(lse_acc, lse_i)
+    hi = hi.masked_fill(hi == float("-inf"), 0.0)
+    w_acc = torch.exp(lse_acc - hi)
+    w_i = torch.exp(lse_i - hi)
+    total = w_acc + w_i  # in [1, 2] where either side is finite, else 0
+    lse_acc.copy_(hi + torch.log(total))
+    inv = torch.where(total > 0, total.reciprocal(), 0.0)
+    out_acc.mul_((w_acc * inv).t().unsqueeze(-1))
+    out_acc.addcmul_(out_i, (w_i * inv).t().unsqueeze(-1))
+
+
+def _pack_kv(k: Tensor, v: Tensor) -> Tensor:
+    return torch.cat((k.reshape(-1), v.reshape(-1)))
+
+
+def _unpack_kv(flat: Tensor, k_shape: torch.Size, v_shape: torch.Size) -> tuple[Tensor, Tensor]:
+    nk = math.prod(k_shape)
+    return flat[:nk].view(k_shape), flat[nk:].view(v_shape)
+
+
+def _ring_forward(
+    q: Tensor, k: Tensor, v: Tensor, plan: RingPlan, comm: RingComm, overlap: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out, lse, kv_last)``; ``kv_last`` is the flat K/V of rank ``r + 1`` (start of the backward)."""
+    cp, r, scale = plan.cp_size, plan.cp_rank, plan.softmax_scale
+    kv = _pack_kv(k, v)
+    out_acc = lse_acc = None
+    for i in range(cp):
+        j = (r - i) % cp
+        pending = None
+        if i + 1 < cp:  # post the next step's exchange before this step's compute
+            nxt = torch.empty_like(kv)
+            pending = comm.start([comm.send(kv, +1, _tag(i + 1, _KV)), comm.recv(nxt, -1, _tag(i + 1, _KV))])
+            if not overlap:
+                pending.wait()
+        k_j, v_j = _unpack_kv(kv, k.shape, v.shape)
+        out_i, lse_i = plan.steps[j].forward(q, k_j, v_j, scale)
+        if out_acc is None or lse_acc is None:
+            out_acc, lse_acc = out_i.float(), lse_i
+        else:
+            merge_partial_(out_acc, lse_acc, out_i, lse_i)
+        if pending is not None:
+            pending.wait()
+            kv = nxt
+    assert out_acc is not None and lse_acc is not None
+    out = out_acc.to(q.dtype)
+    if plan.pad:
+        _zero_padding(out, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True)
+    return out, lse_acc, kv
+
+
+def _ring_backward(
+    do: Tensor,
+    q: Tensor,
+    kv: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    plan: RingPlan,
+    comm: RingComm,
+    overlap: bool,
+    k_shape: torch.Size,
+    v_shape: torch.Size,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Reverse ring: at step ``i`` rank ``r`` holds KV of rank ``(r + 1 + i) mod cp`` and the
+    partial dK/dV of that block (summed over the ranks that held it before), adds its own part
+    and passes both on; at the last step the block is its own and the gradient is complete."""
+    cp, r, scale = plan.cp_size, plan.cp_rank, plan.softmax_scale
+    dq_acc: Tensor | None = None
+    dkv: Tensor | None = None
+    for i in range(cp):
+        j = (r + 1 + i) % cp
+        ops: list[dist.P2POp] = []
+        dkv_in = nxt = None
+        if dkv is not None:  # i > 0: pass the finished partial on, receive the next one
+            dkv_in = torch.empty_like(dkv)
+            ops += [comm.send(dkv, -1, _tag(i, _DKV)), comm.recv(dkv_in, +1, _tag(i, _DKV))]
+        if i + 1 < cp:
+            nxt = torch.empty_like(kv)
+            ops += [comm.send(kv, -1, _tag(i + 1, _KV)), comm.recv(nxt, +1, _tag(i + 1, _KV))]
+        pending = comm.start(ops)
+        if not overlap:
+            pending.wait()
+        k_j, v_j = _unpack_kv(kv, k_shape, v_shape)
+        dq_i, dk_i, dv_i = plan.steps[j].backward(do, q, k_j, v_j, out, lse, scale)
+        dq_acc = dq_i.float() if dq_acc is None else dq_acc.add_(dq_i)
+        pending.wait()
+        if dkv_in is None:
+            dkv = _pack_kv(dk_i, dv_i)
+        else:
+            dkv = dkv_in
+            dk_acc, dv_acc = _unpack_kv(dkv, k_shape, v_shape)
+            dk_acc.add_(dk_i)
+            dv_acc.add_(dv_i)
+        if nxt is not None:
+            kv = nxt
+    assert dq_acc is not None and dkv is not None
+    dq = dq_acc.to(q.dtype)
+    dk, dv = _unpack_kv(dkv, k_shape, v_shape)
+    if plan.pad:
+        _zero_padding(dq, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True)
+        _zero_padding(dk, plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local, pad_between_seqs=True)
+        _zero_padding(dv, plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local, pad_between_seqs=True)
+    return dq, dk, dv
+
+
+def _single_forward(q: Tensor, k: Tensor, v: Tensor, plan: RingPlan) -> tuple[Tensor, Tensor]:
+    out, lse = plan.steps[0].forward(q, k, v, plan.softmax_scale)
+    if plan.pad:
+        _zero_padding(out, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True)
+    return out, lse
+
+
+class RingAttentionFunction(torch.autograd.Function):
+    """Autograd wrapper of the forward and reverse rings."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: FunctionCtx, q: Tensor, k: Tensor, v: Tensor, plan: RingPlan, comm: RingComm, overlap: bool
+    ) -> tuple[Tensor, Tensor]:
+        if plan.cp_size == 1:
+            out, lse = _single_forward(q, k, v, plan)
+            ctx.save_for_backward(q, k, v, out, lse)
+        else:
+            out, lse, kv_last = _ring_forward(q, k, v, plan, comm, overlap)
+            ctx.save_for_backward(q, kv_last, out, lse)
+        ctx.plan, ctx.comm, ctx.overlap = plan, comm, overlap  # type: ignore[attr-defined]
+        ctx.kv_shapes = (k.shape, v.shape)  # type: ignore[attr-defined]
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, dout: Tensor, dlse: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        del dlse  # lse is auxiliary and carries no gradient
+        plan: RingPlan = ctx.plan  # type: ignore[attr-defined]
+        dout = dout.contiguous()
+        if plan.cp_size == 1:
+            q, k, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+            dq, dk, dv = plan.steps[0].backward(dout, q, k, v, out, lse, plan.softmax_scale)
+            if plan.pad:
+                _zero_padding(
+                    dq, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True
+                )
+                _zero_padding(
+                    dk, plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local, pad_between_seqs=True
+                )
+                _zero_padding(
+                    dv, plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local, pad_between_seqs=True
+                )
+        else:
+            q, kv_last, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+            k_shape, v_shape = ctx.kv_shapes  # type: ignore[attr-defined]
+            dq, dk, dv = _ring_backward(
+                dout,
+                q,
+                kv_last,
+                out,
+                lse,
+                plan,
+                ctx.comm,
+                ctx.overlap,
+                k_shape,
+                v_shape,  # type: ignore[attr-defined]
+            )
+        return dq, dk, dv, None, None, None
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_metadata(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_q: Tensor,
+    cu_kv: Tensor,
+    cup_q: Tensor | None,
+    cup_kv: Tensor | None,
+    causal: bool,
+    max_q: int | None,
+    max_kv: int | None,
+) -> None:
+    """Host-only checks: types, shapes, dtypes, devices (never reads device memory)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise ThdTypeError(f"{_FN}: {name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ThdValueError(f"{_FN}: {name} shape: expected [T, H, D], got {list(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise ThdTypeError(
+            f"{_FN}: q, k, v dtypes: expected one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if k.shape[:2] != v.shape[:2]:
+        raise ThdValueError(
+            f"{_FN}: k and v shard shapes: expected equal [T, H_KV], got {list(k.shape)} and {list(v.shape)}"
+        )
+    if q.shape[2] != k.shape[2]:
+        raise ThdValueError(f"{_FN}: head_dim: q has {q.shape[2]}, k has {k.shape[2]}; expected equal")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ThdValueError(
+            f"{_FN}: heads: expected q heads ({q.shape[1]}) to be a multiple of k/v heads ({k.shape[1]})"
+        )
+    if causal and q.shape[0] != k.shape[0]:
+        raise ThdValueError(
+            f"{_FN}: shard rows: causal ring attention is self-attention, expected q and k/v with the "
+            f"same number of rows, got {q.shape[0]} and {k.shape[0]}"
+        )
+    for side, cu, cup in (("q", cu_q, cup_q), ("kv", cu_kv, cup_kv)):
+        try:
+            _layout.check_cu_metadata(_FN, cu, cup)
+        except ThdError as exc:
+            raise type(exc)(f"{exc} [{side} side]") from None
+        if cu.device != q.device:
+            raise ThdValueError(
+                f"{_FN}: cu_seqlens_{side} device: expected {q.device} (as q), got {cu.device}"
+            )
+    if cu_q.shape != cu_kv.shape:
+        raise ThdValueError(
+            f"{_FN}: cu_seqlens_kv shape: expected {list(cu_q.shape)} (as cu_seqlens_q), "
+            f"got {list(cu_kv.shape)}"
+        )
+    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_kv", max_kv)):
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
+            raise ThdValueError(f"{_FN}: {name}: expected an int >= 0 or None, got {m!r}")
+
+
+def _check_shards(comm: RingComm, q: Tensor, k: Tensor, v: Tensor, error: Exception | None) -> None:
+    """All ranks must pass shards of one shape; a rank whose own checks failed is reported everywhere."""
+    dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    code = dtypes.index(q.dtype) if q.dtype in dtypes else len(dtypes)
+    mine = torch.tensor([*q.shape, *k.shape, v.shape[2], code, int(error is not None)], device=q.device)
+    gathered = [torch.empty_like(mine) for _ in range(comm.size)]
+    dist.all_gather(gathered, mine, group=comm.group)
+    rows = [t.tolist() for t in gathered]
+    if error is not None:
+        raise error
+    failed = [rank for rank, row in enumerate(rows) if row[-1]]
+    if failed:
+        raise ThdDistributedError(f"{_FN}: group ranks {failed} rejected their arguments (see their errors)")
+    names = "[Tq, Hq, D, Tkv, Hkv, D, Dv, dtype]"
+    for rank, row in enumerate(rows):
+        if row[:-1] != rows[0][:-1]:
+            raise ThdValueError(
+                f"{_FN}: shard shapes differ across the group: rank {rank} has {names} = {row[:-1]}, "
+                f"rank 0 has {rows[0][:-1]}; every rank must pass its thd.cp.partition shard of one batch"
+            )
+
+
+def _check_values(
+    cu_q: Tensor,
+    cu_kv: Tensor,
+    cup_q: Tensor | None,
+    cup_kv: Tensor | None,
+    cp: int,
+    rows_q: int,
+    rows_kv: int,
+    causal: bool,
+    max_q: int | None,
+    max_kv: int | None,
+) -> None:
+    """Value checks (device-to-host reads): layout rules, divisibility by ``2*cp``, causal pairing."""
+    if not _layout.validation_enabled():
+        return
+    for side, cu, cup, rows in (("q", cu_q, cup_q, rows_q), ("kv", cu_kv, cup_kv, rows_kv)):
+        try:
+            _layout.validate(cu, cup, num_rows=rows * cp, cp_size=cp)
+        except ThdValueError as exc:
+            raise ThdValueError(
+                f"{_FN}: {side} layout for a group of cp_size={cp} (shard rows {rows}): {exc}"
+            ) from None
+    if causal and (not torch.equal(cu_q, cu_kv) or not torch.equal(
+        cu_q if cup_q is None else cup_q, cu_kv if cup_kv is None else cup_kv
+    )):  # fmt: skip
+        raise ThdValueError(
+            f"{_FN}: causal ring attention needs identical q and kv layouts "
+            f"(cu_seqlens_q == cu_seqlens_kv and cu_seqlens_q_padded == cu_seqlens_kv_padded)"
+        )
+    for name, cu, m in (("max_seqlen_q", cu_q, max_q), ("max_seqlen_kv", cu_kv, max_kv)):
+        real = _max_len(cu)
+        if m is not None and m < real:
+            raise ThdValueError(
+                f"{_FN}: {name} (={m}) < largest real length ({real}): expected an upper bound"
+            )
+
+
+def _max_len(cu: Tensor) -> int:
+    return int((cu[1:] - cu[:-1]).max().item()) if cu.numel() > 1 else 0
+
+
+def _resolve_max(name: str, cu: Tensor, given: int | None) -> int:
+    if given is not None:
+        return given
+    if is_capturing():
+        raise ThdValueError(
+            f"{_FN}: {name} is None during CUDA-graph capture; pass the largest real sequence "
+            "length (deriving it needs a device-to-host read)"
+        )
+    return _max_len(cu)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def ring_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_kv: Tensor,
+    cu_seqlens_q_padded: Tensor | None,
+    cu_seqlens_kv_padded: Tensor | None,
+    *,
+    group: dist.ProcessGroup | None = None,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    pad_between_seqs: bool | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_kv: int | None = None,
+    return_lse: bool = False,
+    _overlap: bool = True,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Context-parallel ring attention on this rank's THD shard; differentiable.
+
+    Args:
+        q: ``[T/cp, Hq, D]`` this rank's query shard from :func:`thd.cp.partition`.
+        k: ``[T/cp, Hkv, D]`` key shard, ``Hq % Hkv == 0`` (GQA).
+        v: ``[T/cp, Hkv, Dv]`` value shard (``Dv`` may differ from ``D``).
+        cu_seqlens_q, cu_seqlens_kv: int32 ``[B+1]`` cumulative real lengths of the GLOBAL batch.
+        cu_seqlens_q_padded, cu_seqlens_kv_padded: int32 ``[B+1]`` GLOBAL slot offsets, every
+            slot a multiple of ``2 * cp`` long (``None``: the slots are the sequences).
+        group: the context-parallel process group (default: the world group); its size is cp.
+        causal: causal self-attention (q and kv layouts must be identical); else every query
+            sees every key of its sequence.
+        softmax_scale: defaults to ``D ** -0.5``.
+        pad_between_seqs: whether the layout has padding under CP; ``None`` detects it with
+            :func:`thd.padding.detect_pad_between_seqs` (``cp_size`` = group size). ``False``
+            takes the ``cu // cp`` fast path, which is wrong if there is any padding.
+        max_seqlen_q, max_seqlen_kv: largest GLOBAL real lengths. With both given (on CUDA)
+            the call performs no host sync and no value validation, so it can be captured in a
+            CUDA graph; otherwise the layout is validated (one device-to-host read and one
+            small all-gather that checks the shard shapes of all ranks).
+        return_lse: also return the merged log-sum-exp.
+
+    Returns:
+        ``out [T/cp, Hq, Dv]`` in ``q.dtype`` (exact zeros on padding rows) and, with
+        ``return_lse``, ``lse [Hq, T/cp]`` fp32 (``-inf`` on padding rows). The backward
+        returns this rank's ``dq, dk, dv`` with exact zeros on padding rows.
+
+    Raises:
+        ThdDistributedError: no initialised process group, or another rank rejected its inputs.
+        ThdValueError / ThdTypeError: bad shapes, dtypes or layout (slot lengths not a multiple
+            of ``2 * cp``, shard rows that do not match ``cu_seqlens_*_padded[-1] / cp``, shard
+            shapes that differ across ranks).
+
+    Example (torchrun --nproc-per-node=2)::
+
+        >>> cu = torch.tensor([0, 698, 1000], dtype=torch.int32, device="cuda")
+        >>> cup = torch.tensor([0, 704, 1008], dtype=torch.int32, device="cuda")
+        >>> q_r = thd.cp.partition(q, cup, cp, rank)  # likewise k, v
+        >>> out_r = thd.cp.ring_attention(q_r, k_r, v_r, cu, cu, cup, cup, causal=True)
+    """
+    grp = resolve_group(_FN, group)
+    comm = RingComm(grp)
+    cp = comm.size
+    sync_ok = not is_capturing() and (
+        q.device.type != "cuda" or max_seqlen_q is None or max_seqlen_kv is None
+    )
+    error: Exception | None = None
+    try:
+        _check_metadata(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                        causal, max_seqlen_q, max_seqlen_kv)  # fmt: skip
+    except ThdError as exc:
+        error = exc
+    if sync_ok and cp > 1:
+        _check_shards(comm, q, k, v, error)
+    elif error is not None:
+        raise error
+    if sync_ok:
+        _check_values(cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, cp,
+                      q.shape[0], k.shape[0], causal, max_seqlen_q, max_seqlen_kv)  # fmt: skip
+    cup_q = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
+    cup_kv = cu_seqlens_kv if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded
+    pad = _resolve_pad(pad_between_seqs, cu_seqlens_q, cu_seqlens_q_padded, cp)
+    if pad_between_seqs is None and not pad:
+        pad = _resolve_pad(None, cu_seqlens_kv, cu_seqlens_kv_padded, cp)
+    plan = build_plan(
+        cu_seqlens_q, cu_seqlens_kv, cup_q, cup_kv, cp_size=cp, cp_rank=comm.rank, causal=bool(causal),
+        pad_between_seqs=pad, max_seqlen_q=_resolve_max("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
+        max_seqlen_kv=_resolve_max("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
+        softmax_scale=float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale),
+    )  # fmt: skip
+    path_counts["single" if cp == 1 else "rank_counts" if plan.exact else "fast"] += 1
+    out, lse = RingAttentionFunction.apply(q, k, v, plan, comm, bool(_overlap))
+    return (out, lse) if return_lse else out
