@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.requirements import Requirement
-from packaging.specifiers import Specifier
 from packaging.tags import parse_tag
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -157,7 +156,7 @@ def check_release_set(
                         f"expected a wheel named {req.name} in the set, got none",
                     )
                 )
-            elif pinned != meta.version or not Specifier(f"=={meta.version}").contains(target.version):
+            elif pinned != meta.version or target.version != pinned:
                 issues.append(
                     Issue(
                         "pin-mismatch",
