@@ -1,0 +1,196 @@
+"""Shared benchmark plumbing: timing, FLOP counting, environment fingerprint, JSON output.
+
+Every ``benchmarks/bench_*.py`` script writes one JSON document::
+
+    {"benchmark": name, "env": env_fingerprint(), "config": {...},
+     "records": [make_record(...), ...], ...script-specific summaries...}
+
+A record is one (provider, mode, shape) measurement; a failed or unavailable provider is a
+record with ``status`` ``"error"``/``"unavailable"`` and an ``error`` text, never an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "MODE_FLOP_FACTORS",
+    "attention_flops",
+    "bench_ms",
+    "env_fingerprint",
+    "error_text",
+    "make_record",
+    "write_json",
+]
+
+# Backward = 2.5x forward (5 matmuls against 2), so forward+backward = 3.5x (attention-anchors §2.1).
+MODE_FLOP_FACTORS: dict[str, float] = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+QUANTILES = (0.5, 0.2, 0.8)
+
+
+def attention_flops(
+    lens_q: Iterable[int],
+    lens_kv: Iterable[int],
+    heads_q: int,
+    head_dim: int,
+    *,
+    head_dim_v: int | None = None,
+    causal: bool,
+    mode: str = "fwd",
+) -> float:
+    """FLOPs of varlen attention over real tokens only, FlashAttention convention.
+
+    Forward: ``2 * Hq * (D + Dv) * sum(Lq_b * Lk_b)`` (= ``4 * H * D * sum(L^2)`` for
+    self-attention with ``Dv = D``), halved when causal; counted by query heads under GQA.
+    ``mode`` scales it by :data:`MODE_FLOP_FACTORS`.
+    """
+    dim_v = head_dim if head_dim_v is None else head_dim_v
+    area = sum(lq * lk for lq, lk in zip(lens_q, lens_kv, strict=True))
+    fwd = 2.0 * heads_q * (head_dim + dim_v) * area * (0.5 if causal else 1.0)
+    return fwd * MODE_FLOP_FACTORS[mode]
+
+
+def bench_ms(
+    fn: Callable[[], object],
+    *,
+    warmup_ms: float = 25.0,
+    rep_ms: float = 100.0,
+    grad_to_none: Sequence[torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """Median / p20 / p80 wall time of ``fn`` in milliseconds.
+
+    On CUDA this is ``triton.testing.do_bench`` (CUDA events, L2 flush between calls); without
+    a GPU a host ``perf_counter`` loop stands in, so scripts can be smoke-tested on a CPU.
+    """
+    if torch.cuda.is_available():
+        import triton.testing
+
+        median, p20, p80 = triton.testing.do_bench(
+            fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, quantiles=list(QUANTILES)
+        )
+        return {"median_ms": float(median), "p20_ms": float(p20), "p80_ms": float(p80)}
+    times: list[float] = []
+    deadline = time.perf_counter() + rep_ms / 1e3
+    fn()  # warm-up
+    while len(times) < 3 or time.perf_counter() < deadline:
+        if grad_to_none is not None:
+            for t in grad_to_none:
+                t.grad = None
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    cuts = statistics.quantiles(times, n=10, method="inclusive")
+    return {"median_ms": statistics.median(times), "p20_ms": cuts[1], "p80_ms": cuts[7]}
+
+
+def make_record(
+    *,
+    op: str,
+    provider: str,
+    mode: str,
+    shape: dict[str, Any],
+    flops: float | None = None,
+    timing: dict[str, float] | None = None,
+    status: str = "ok",
+    error: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One JSON record; ``tflops`` is derived from ``flops`` and the median time."""
+    record: dict[str, Any] = {"op": op, "provider": provider, "mode": mode, "shape": shape, "status": status}
+    if timing is not None:
+        record.update(timing)
+        if flops is not None and timing["median_ms"] > 0:
+            record["tflops"] = flops / (timing["median_ms"] * 1e-3) / 1e12
+    if flops is not None:
+        record["flops"] = flops
+    if error is not None:
+        record["error"] = error
+    record.update(extra)
+    return record
+
+
+def error_text(exc: BaseException, limit: int = 500) -> str:
+    """``Type: message`` of an exception, first line kept short for the JSON."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _git_sha() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{sha}-dirty" if dirty else sha
+
+
+def env_fingerprint() -> dict[str, Any]:
+    """Facts needed to compare two result files: device, versions, git sha, UTC time."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+        "device_count": torch.cuda.device_count() if cuda else 0,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "git_sha": _git_sha(),
+        "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _finite(value: Any) -> Any:
+    """JSON-safe copy: non-finite floats become the strings ``"nan"``, ``"inf"``, ``"-inf"``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` atomically (temp file in the same directory, then ``os.replace``)."""
+    payload = _finite(payload)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=1, allow_nan=False, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
