@@ -17,12 +17,14 @@ __all__ = ["_zero_padding_fwd_kernel"]
 @triton.jit
 def _zero_flat(x_ptr, start, end, split, num_splits, ROW_WIDTH, BLOCK: tl.constexpr):
     """Rows are contiguous and adjacent: clear elements ``[start*W, end*W)`` in flat blocks."""
-    e_start = start * ROW_WIDTH
+    # Counted loop so that offsets keep the divisibility of W and BLOCK (vectorized stores).
     e_end = end * ROW_WIDTH
+    first = start * ROW_WIDTH + split * BLOCK
+    step = num_splits * BLOCK
     offs = tl.arange(0, BLOCK)
     zeros = tl.zeros([BLOCK], dtype=x_ptr.dtype.element_ty)  # [BLOCK]
-    for e0 in range(e_start + split * BLOCK, e_end, num_splits * BLOCK):
-        offs_e = e0 + offs
+    for i in range(0, tl.cdiv(e_end - first, step)):
+        offs_e = first + i * step + offs
         tl.store(x_ptr + offs_e, zeros, mask=offs_e < e_end)
 
 
@@ -39,11 +41,13 @@ def _zero_tiles(
     BLOCK_C: tl.constexpr,
 ):
     """Rows are contiguous but strided: clear ``[BLOCK_R, BLOCK_C]`` tiles of rows ``[start, end)``."""
+    first = start + split * BLOCK_R
+    step = num_splits * BLOCK_R
     offs_r = tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
     zeros = tl.zeros([BLOCK_R, BLOCK_C], dtype=x_ptr.dtype.element_ty)  # [BLOCK_R, BLOCK_C]
-    for r0 in range(start + split * BLOCK_R, end, num_splits * BLOCK_R):
-        offs_m = r0 + offs_r
+    for i in range(0, tl.cdiv(end - first, step)):
+        offs_m = first + i * step + offs_r
         mask_m = offs_m < end
         row_ptr = x_ptr + offs_m[:, None] * stride_x_row  # [BLOCK_R, 1]
         for c0 in range(0, ROW_WIDTH, BLOCK_C):
