@@ -180,7 +180,7 @@ def test_cross_check_installer(release_dir: Path, make_wheel) -> None:
     tampered[0] = ("foo/__init__.py", b"tampered\n")
     with (
         WheelFile.open(make_wheel("foo-0.3.0.dev0-py3-none-any.whl", tampered)) as wheel,
-        pytest.raises(_WheelFileValidationError, match="foo/__init__.py"),
+        pytest.raises(_WheelFileValidationError, match=r"foo/__init__\.py"),
     ):
         wheel.validate_record(validate_contents=True)  # the control: installer does catch it
 
