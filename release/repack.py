@@ -213,7 +213,7 @@ def repack_wheel(
 
 
 def _write(zf, raw, out, report, order, renamed, name, tagset, build, reqs, epoch, progress) -> None:
-    infos = {i.filename: i for i in zf.infolist() if not i.is_dir()}
+    infos = {i.filename: i for i in zf.infolist() if not i.filename.endswith("/")}
     old_di = report.dist_info
     new_di = renamed.get(f"{old_di}/METADATA", "").rsplit("/", 1)[0]
     writer = ZipWriter(out)

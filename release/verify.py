@@ -113,7 +113,7 @@ class _Checker:
                 self.check_members(infos)
                 if wn is None:
                     return
-                files = {i.filename: i for i in infos if not i.is_dir()}
+                files = {i.filename: i for i in infos if not i.filename.endswith("/")}
                 dist_info = self.check_layout(wn, list(files))
                 if dist_info is None:
                     return

@@ -18,7 +18,7 @@ from release.flavors import load_flavors
 from release.release_set import make_dev_wheel, write_metapackage
 from release.repack import repack_wheel
 from release.verify import verify_wheel
-from tests.release.conftest import install_and_query, project_copy
+from tests.release.wheelkit import install_and_query, project_copy
 
 VERSIONS = [
     ("0.1.0-dev0", "0.1.0.dev0"),

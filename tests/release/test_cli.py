@@ -12,7 +12,7 @@ import pytest
 
 from release.__main__ import build_parser, main
 from release.progress import Progress
-from tests.release.conftest import REPO, foo_members, project_copy
+from tests.release.wheelkit import REPO, foo_members, project_copy
 
 TARGET = "py3-none-manylinux_2_28_x86_64"
 

@@ -16,7 +16,7 @@ from packaging.version import Version
 from release.repack import repack_wheel
 from release.verify import inspect_wheel, verify_wheel
 from release.wheelname import escape_name, expand_tags
-from tests.release.conftest import foo_members, write_zip
+from tests.release.wheelkit import foo_members, write_zip
 
 pytestmark = pytest.mark.property
 

@@ -22,7 +22,7 @@ from release.metadata import get_all
 from release.release_set import check_release_set, make_release, write_metapackage
 from release.repack import repack_wheel
 from release.verify import verify_wheel
-from tests.release.conftest import foo_members, install_and_query, project_copy, write_zip
+from tests.release.wheelkit import foo_members, install_and_query, project_copy, write_zip
 
 TARGET = "py3-none-manylinux_2_28_x86_64"
 TABLE = FlavorTable(

@@ -14,7 +14,7 @@ from release.errors import RepackError, WheelVerificationError
 from release.metadata import get_all, get_first
 from release.repack import repack_wheel
 from release.verify import verify_wheel
-from tests.release.conftest import foo_members, wheel_file, write_zip
+from tests.release.wheelkit import foo_members, wheel_file, write_zip
 
 TARGET = "py3-none-manylinux_2_28_x86_64"
 DI = "foo-0.3.0.dev0.dist-info"

@@ -13,7 +13,7 @@ import pytest
 from release.errors import ReleaseError, WheelVerificationError
 from release.repack import repack_wheel
 from release.verify import Limits, check_path, inspect_wheel, verify_wheel
-from tests.release.conftest import foo_members, metadata, record_for, wheel_file, write_zip
+from tests.release.wheelkit import foo_members, metadata, record_for, wheel_file, write_zip
 
 DI = "foo-0.3.0.dev0.dist-info"
 NAME = "foo-0.3.0.dev0-py3-none-any.whl"

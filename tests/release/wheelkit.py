@@ -1,0 +1,118 @@
+"""Helpers for the release tests: synthetic wheels (adversarial ones too), project copies, venvs."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import venv
+import warnings
+import zipfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from release.record import Hash
+
+REPO = Path(__file__).resolve().parents[2]
+Member = tuple[str, bytes] | tuple[str, bytes, int]
+
+
+def record_for(members: Iterable[Member], record_path: str, algo: str = "sha256") -> bytes:
+    rows = []
+    for m in members:
+        name, data = m[0], m[1]
+        if name == record_path or name.endswith("/"):
+            continue
+        digest = Hash.of_digest(algo, hashlib.new(algo, data).digest())
+        quoted = f'"{name}"' if "," in name else name
+        rows.append(f"{quoted},{digest},{len(data)}\n")
+    rows.append(f"{record_path},,\n")
+    return "".join(rows).encode()
+
+
+def metadata(name: str, version: str, body: str = "", extra: Sequence[str] = ()) -> bytes:
+    head = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *extra]
+    text = "\n".join(head) + "\n"
+    if body:
+        text += "\n" + body
+    return text.encode()
+
+
+def wheel_file(tags: Sequence[str], build: str = "", purelib: str = "true") -> bytes:
+    lines = ["Wheel-Version: 1.0", "Generator: tests 1.0", f"Root-Is-Purelib: {purelib}"]
+    lines += [f"Tag: {t}" for t in tags]
+    if build:
+        lines.append(f"Build: {build}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def write_zip(path: Path, members: Iterable[Member], date_time=(2020, 1, 1, 0, 0, 0)) -> Path:
+    """Write members exactly as given (duplicates, odd paths and modes included)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns on duplicate names
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+            for m in members:
+                info = zipfile.ZipInfo(m[0], date_time=date_time)
+                info.compress_type = zipfile.ZIP_DEFLATED
+                mode = m[2] if len(m) > 2 else 0o100644
+                info.external_attr = mode << 16
+                zf.writestr(info, m[1])
+    return path
+
+
+def foo_members(
+    name: str = "foo",
+    version: str = "0.3.0.dev0",
+    tags: Sequence[str] = ("py3-none-any",),
+    build: str = "",
+    meta_name: str | None = None,
+    body: str = "",
+    extra_files: Sequence[Member] = (),
+    meta_extra: Sequence[str] = (),
+) -> list[Member]:
+    esc = name.lower().replace("-", "_").replace(".", "_")
+    di = f"{esc}-{version}.dist-info"
+    members: list[Member] = [
+        ("foo/__init__.py", b"VALUE = 1\n"),
+        ("foo/data.bin", bytes(range(256)) * 64),
+        *extra_files,
+        (f"{di}/METADATA", metadata(meta_name or name, version, body, meta_extra)),
+        (f"{di}/WHEEL", wheel_file(tags, build)),
+    ]
+    members.append((f"{di}/RECORD", record_for(members, f"{di}/RECORD")))
+    return members
+
+
+def project_copy(dest: Path, version_text: str) -> Path:
+    """pyproject.toml, README.md, src/ and a VERSION.txt with ``version_text``."""
+    dest.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, dest / name)
+    shutil.copytree(REPO / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    (dest / "VERSION.txt").write_text(version_text + "\n", encoding="utf-8")
+    return dest
+
+
+def install_and_query(venv_dir: Path, wheels: Sequence[Path], dists: Sequence[str]) -> list[str]:
+    """Fresh venv without pip; ``pip --python`` installs ``--no-deps``; return versions + thd's."""
+    venv.EnvBuilder(with_pip=False).create(venv_dir)
+    py = venv_dir / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
+         "--disable-pip-version-check", *map(str, wheels)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    code = "import importlib.metadata as m, json, sys, thd; "
+    query = f"[m.version(d) for d in {list(dists)!r}] + [thd.__version__, 'torch' in sys.modules]"
+    code += f"print(json.dumps({query}))"
+    out = subprocess.run(
+        [str(py), "-I", "-c", code], check=True, capture_output=True, text=True, cwd=venv_dir
+    )
+    import json
+
+    return json.loads(out.stdout)
+
+
+def snapshot(path: Path) -> bytes:
+    return path.read_bytes()
