@@ -269,3 +269,16 @@ def test_pack_lengths_produces_valid_layouts(lengths: list[int], cp_size: int, c
     assert mask.nonzero().flatten().tolist() == layout.index.tolist()
     assert layout.valid_end == (int(mask.nonzero().max()) + 1 if sum(lengths) else 0)
     assert layout.max_seqlen == max(lengths, default=0)
+
+
+def test_rejects_tensors_on_different_devices() -> None:
+    with pytest.raises(
+        ThdValueError,
+        match=r"validate: cu_seqlens_padded device: expected cpu \(same as cu_seqlens\), got meta",
+    ):
+        validate(_i32([0, 3]), torch.empty(2, dtype=torch.int32, device="meta"))
+
+
+def test_pack_lengths_moves_tensors_to_device() -> None:
+    layout = pack_lengths([2, 3], cp_size=1, device="cpu")
+    assert layout.cu_seqlens.device.type == layout.index.device.type == "cpu"

@@ -76,6 +76,8 @@ def _stats() -> tuple[int, int, int]:
         pytest.param([0, 0, 0], [0, 0, 4], False, False, id="all-empty"),
         pytest.param([0], [0], False, False, id="no-sequences"),
         pytest.param([0, 1, 2], [0, 4, 8], True, True, id="single-tokens"),
+        pytest.param([0, 4], [0, 8], False, True, id="divisible-real-length-longer-slot"),
+        pytest.param([0, 7, 16, 17, 17, 30], [0, 8, 20, 24, 24, 40], True, True, id="middle-padding"),
     ],
 )
 def test_detect_matches_spec(cu: list[int], cup: list[int], want_cp1: bool, want_cp2: bool) -> None:

@@ -295,3 +295,67 @@ def test_partition_captures_into_cuda_graph() -> None:
     torch.cuda.synchronize()
     assert shard.tolist() == x[partition_indices(cup, 2, 1, num_rows=24)].tolist()
     assert counts.tolist() == rank_cu_seqlens(cu, cup, 2, 1).tolist()
+
+
+# ----------------------------------------------------------------------------- spec §6 layouts
+
+
+def _brute_counts(cu: list[int], cup: list[int], cp_size: int, cp_rank: int) -> tuple[list[int], list[int]]:
+    """Per-sequence (first-half, second-half) real counts from the indices and a real-row mask."""
+    real = _real_mask(cu, cup, cup[-1])
+    local_real = real[partition_indices(_i32(cup), cp_size, cp_rank)]
+    firsts, seconds = [], []
+    for b in range(len(cu) - 1):
+        start, half = cup[b] // cp_size, (cup[b + 1] - cup[b]) // (2 * cp_size)
+        firsts.append(int(local_real[start : start + half].sum()))
+        seconds.append(int(local_real[start + half : start + 2 * half].sum()))
+    return firsts, seconds
+
+
+@pytest.mark.parametrize(
+    ("lengths", "slots", "cp_size", "want_first", "want_second"),
+    [
+        # §6.12: L=3, P=8, cp=2: rank 1's first half is partly real, its second half empty.
+        ([3], [8], 2, [[2], [1]], [[0], [0]]),
+        # §6.11: L=1 with cp=4: only rank 0 owns a real row; ranks 1..3 own none at all.
+        ([1], [8], 4, [[1], [0], [0], [0]], [[0], [0], [0], [0]]),
+        # §6.4: L=4, P=8 and L=8, P=16 (real length divisible by 2*cp, slot longer).
+        ([4, 8], [8, 16], 2, [[2, 4], [2, 4]], [[0, 0], [0, 0]]),
+        # §6.5: padding in the middle sequences, [7, 9, 1, 0, 13] padded to multiples of 4.
+        (
+            [7, 9, 1, 0, 13],
+            [8, 12, 4, 0, 16],
+            2,
+            [[2, 3, 1, 0, 4], [2, 3, 0, 0, 4]],
+            [[1, 0, 0, 0, 1], [2, 3, 0, 0, 4]],
+        ),
+    ],
+)
+def test_rank_cu_seqlens_spec_edge_cases(
+    lengths: list[int],
+    slots: list[int],
+    cp_size: int,
+    want_first: list[list[int]],
+    want_second: list[list[int]],
+) -> None:
+    cu, cup = _cumsum(lengths), _cumsum(slots)
+    for r in range(cp_size):
+        assert _brute_counts(cu, cup, cp_size, r) == (want_first[r], want_second[r])
+        first = rank_cu_seqlens(_i32(cu), _i32(cup), cp_size, r, second_half=False)
+        second = rank_cu_seqlens(_i32(cu), _i32(cup), cp_size, r, first_half=False)
+        both = rank_cu_seqlens(_i32(cu), _i32(cup), cp_size, r)
+        assert first.tolist() == _cumsum(want_first[r])
+        assert second.tolist() == _cumsum(want_second[r])
+        assert both.tolist() == _cumsum([f + s for f, s in zip(want_first[r], want_second[r], strict=True)])
+
+
+def test_rank_cu_seqlens_with_no_halves_is_zero() -> None:
+    got = rank_cu_seqlens(_i32([0, 5, 13]), _i32([0, 8, 16]), 2, 0, first_half=False, second_half=False)
+    assert got.tolist() == [0, 0, 0]
+
+
+def test_partition_same_tensor_as_layout_rejects_undivisible_last_slot() -> None:
+    # §6.2: cu passed as its own padded layout with a tail that does not split over ranks.
+    cu = _i32([0, 8, 13])
+    with pytest.raises(ThdValueError, match=r"slot 1 length .* = 5\): expected a multiple of 2\*cp_size = 4"):
+        partition_indices(cu, 2, 0)

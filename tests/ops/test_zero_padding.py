@@ -385,3 +385,11 @@ def test_zero_padding_cuda_graph_capture_miss_is_safe() -> None:
     graph.replay()
     torch.cuda.synchronize()
     _assert_zeroed(x, before, real)
+
+
+def test_rejects_layout_on_other_device() -> None:
+    cu = _i32([0, 3])
+    with pytest.raises(
+        ThdValueError, match=r"zero_padding_: cu_seqlens device: expected meta \(as x\), got cpu"
+    ):
+        zero_padding_(torch.empty(4, device="meta"), cu, None)
