@@ -393,3 +393,11 @@ def test_rejects_layout_on_other_device() -> None:
         ThdValueError, match=r"zero_padding_: cu_seqlens device: expected meta \(as x\), got cpu"
     ):
         zero_padding_(torch.empty(4, device="meta"), cu, None)
+
+
+def test_rejects_non_bool_pad_between_seqs() -> None:
+    cu = _i32([0, 3])
+    with pytest.raises(
+        ThdTypeError, match="zero_padding_: pad_between_seqs: expected a bool or None, got int"
+    ):
+        zero_padding_(torch.zeros(4), cu, _i32([0, 4]), pad_between_seqs=1)  # type: ignore[arg-type]

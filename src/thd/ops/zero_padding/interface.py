@@ -15,15 +15,30 @@ from thd.ops.zero_padding.reference import zero_padding_masked_
 __all__ = ["zero_padding_"]
 
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# dtypes the kernel writes directly; others of the same element size go through an integer view
+# (zero has the same bit pattern in every dtype).
+_NATIVE = frozenset(
+    {
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+    }
+)
 _TARGET_PROGRAMS_PER_SM = 4
 _BLOCK = 4096  # elements written per program iteration on the GPU
 # The interpreter runs programs one after another: few programs, big blocks (tests may lower them).
 _INTERPRETER_BLOCK = 1024
 _INTERPRETER_PROGRAMS = 1
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once, like Triton itself
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _INTERPRET
 
 
 @functools.lru_cache(maxsize=16)
@@ -45,23 +60,28 @@ def _rows_contiguous(x: Tensor) -> bool:
     return True
 
 
-def _can_launch(x: Tensor) -> bool:
-    if x.element_size() not in _INT_VIEW or x.is_complex() or not _rows_contiguous(x):
-        return False
-    if x.device.type == "cuda":
-        return True
-    return x.device.type == "cpu" and _interpreting()
+def _kernel_view(x: Tensor) -> Tensor | None:
+    """``x`` (or a same-size integer view of it) if the Triton kernel can zero it, else None."""
+    if not (x.is_cuda or (_interpreting() and x.device.type == "cpu")):
+        return None
+    if not (x.is_contiguous() or _rows_contiguous(x)):
+        return None
+    if x.dtype in _NATIVE:
+        return x
+    if x.is_complex() or x.element_size() not in _INT_VIEW:
+        return None
+    return x.view(_INT_VIEW[x.element_size()])
 
 
 def _launch(x: Tensor, cu: Tensor, cup: Tensor, pad_between_seqs: bool) -> None:
+    """Zero the padding rows of ``x`` (non-empty, from :func:`_kernel_view`) with the kernel."""
     from thd.ops.zero_padding.kernels import _zero_padding_fwd_kernel  # Triton on first use only
 
     num_rows = x.shape[0]
-    row_width = x[0].numel() if x.dim() > 1 else 1
-    xi = x.view(_INT_VIEW[x.element_size()])
+    row_width = x.numel() // num_rows
     num_seqs = cu.shape[0] - 1
     num_slots = num_seqs if pad_between_seqs else 0
-    is_flat = x.dim() == 1 or x.stride(0) == row_width
+    is_flat = x.stride(0) == row_width or x.is_contiguous()
     if _interpreting():
         block, target = _INTERPRETER_BLOCK, _INTERPRETER_PROGRAMS
     else:
@@ -73,7 +93,7 @@ def _launch(x: Tensor, cu: Tensor, cup: Tensor, pad_between_seqs: bool) -> None:
     splits_slot = min(max_splits, max(1, target // max(num_slots, 1)))
     grid = (num_slots * splits_slot + splits_tail,)
     _zero_padding_fwd_kernel[grid](
-        xi,
+        x,
         cu,
         cup,
         num_rows,
@@ -142,10 +162,17 @@ def zero_padding_(
     _check_args(x, cu_seqlens, valid_end)
     if cu_seqlens_padded is None:
         pad = False
+    elif pad_between_seqs is not None:
+        if not isinstance(pad_between_seqs, bool):
+            raise ThdTypeError(
+                "zero_padding_: pad_between_seqs: expected a bool or None, "
+                f"got {type(pad_between_seqs).__name__}"
+            )
+        pad = pad_between_seqs  # an explicit value always wins
     else:
-        from thd.padding import resolve_pad_between_seqs  # thd.padding re-exports this module
+        from thd.padding import detect_pad_between_seqs  # thd.padding re-exports this module
 
-        pad = resolve_pad_between_seqs(pad_between_seqs, cu_seqlens, cu_seqlens_padded)
+        pad = detect_pad_between_seqs(cu_seqlens, cu_seqlens_padded)
     target = x
     if valid_end is not None:
         if valid_end < x.shape[0]:
@@ -156,8 +183,9 @@ def zero_padding_(
     if target.numel() == 0:
         return x
     cup = cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded
-    if _can_launch(target):
-        _launch(target, cu_seqlens, cup, pad)
+    view = _kernel_view(target)
+    if view is not None:
+        _launch(view, cu_seqlens, cup, pad)
     else:
         zero_padding_masked_(target, cu_seqlens, cup, pad)
     return x
