@@ -53,8 +53,12 @@ LAYOUTS = [
         capacity_kv=5,
     ),
 ]
-# (Hq, Hkv, D, Dv): MHA, GQA, MQA with Dv > D, GQA with D = 64 > Dv.
-HEADS = [(2, 2, 32, 32), (2, 1, 32, 32), (1, 1, 32, 64), (2, 1, 64, 32)]
+# Causal offsets Lk - Lq = 31, 30, 32, -31, 1: every residue class near a 32-row tile edge.
+CROSS_OFFSETS = make_layout(
+    "cross_offsets", [2, 10, 5, 40, 39], [33, 40, 37, 9, 40], pad_q=[0, 1, 2, 3, 0], pad_kv=[1, 0, 3, 2, 0]
+)
+# (Hq, Hkv, D, Dv): MHA, GQA 2 groups of 2, MQA with Dv > D, MQA with D = 64 > Dv.
+HEADS = [(2, 2, 32, 32), (4, 2, 32, 32), (1, 1, 32, 64), (2, 1, 64, 32)]
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -80,7 +84,12 @@ CASES = [
     for i, (layout, heads, causal, dtype) in enumerate(
         product(LAYOUTS, HEADS, (False, True), (torch.float32, torch.float16))
     )
-] + [_case(LAYOUTS[1], HEADS[1], True, torch.bfloat16, given_max=True, scale=None)]
+]
+CASES += [
+    _case(CROSS_OFFSETS, heads, True, dtype, given_max=dtype == torch.float16, scale=None)
+    for heads, dtype in product(HEADS, (torch.float32, torch.float16))
+]
+CASES += [_case(LAYOUTS[1], HEADS[1], True, torch.bfloat16, given_max=True, scale=None)]
 
 
 def _leaves(*tensors: Tensor) -> list[Tensor]:
