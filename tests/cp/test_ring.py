@@ -278,14 +278,17 @@ def test_fast_path_counts_are_wrong_with_padding(monkeypatch: pytest.MonkeyPatch
     assert_close(exact.gather("out", cup), out, "exact out", **tolerance(torch.float32))
 
 
-def test_merge_is_nan_safe_when_both_sides_are_empty() -> None:
-    out_acc = torch.zeros(3, 1, 2)
-    lse_acc = torch.tensor([[float("-inf"), 0.0, float("-inf")]])
-    out_i = torch.tensor([[[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 2.0]]])
-    lse_i = torch.tensor([[float("-inf"), float("-inf"), 1.0]])
-    ring_mod.merge_partial_(out_acc, lse_acc, out_i, lse_i)
-    assert torch.equal(lse_acc, torch.tensor([[float("-inf"), 0.0, 1.0]]))
-    assert torch.equal(out_acc, torch.tensor([[[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 2.0]]]))
+def test_merge_is_nan_safe_when_every_part_is_empty() -> None:
+    inf = float("-inf")
+    out_a = torch.tensor([[[0.0, 0.0]], [[0.0, 0.0]], [[0.0, 0.0]], [[3.0, 4.0]]])
+    lse_a = torch.tensor([[inf, 0.0, inf, 0.0]])
+    out_b = torch.tensor([[[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 2.0]], [[1.0, 2.0]]])
+    lse_b = torch.tensor([[inf, inf, 1.0, 0.0]])
+    out, lse = ring_mod.merge_partials([(out_a, lse_a), (out_b, lse_b)], torch.float32)
+    assert torch.equal(lse[:, :3], torch.tensor([[inf, 0.0, 1.0]]))
+    assert torch.allclose(lse[:, 3], torch.log(torch.tensor(2.0)))
+    assert torch.equal(out[:3], torch.tensor([[[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 2.0]]]))
+    assert torch.allclose(out[3], torch.tensor([[2.0, 3.0]]))
 
 
 # ----------------------------------------------------------------------------- GPU tests

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from thd.cp.partition import partition, unpartition
-from thd.cp.ring import RingPlan, build_plan, merge_partial_
+from thd.cp.ring import RingPlan, build_plan, merge_partials
 
 __all__ = ["SimulatedRing", "simulate_ring_attention"]
 
@@ -86,17 +86,11 @@ def simulate_ring_attention(
     vs = [partition(v, cu_seqlens_kv_padded, cp, r) for r in range(cp)]
     outs, lses = [], []
     for r, plan in enumerate(plans):
-        out_acc, lse_acc = None, None
-        for i in range(cp):
-            j = (r - i) % cp
-            out_i, lse_i = plan.steps[j].forward(qs[r], ks[j], vs[j], scale)
-            if out_acc is None or lse_acc is None:
-                out_acc, lse_acc = out_i.float(), lse_i
-            else:
-                merge_partial_(out_acc, lse_acc, out_i, lse_i)
-        assert out_acc is not None and lse_acc is not None
-        outs.append(out_acc.to(q.dtype))
-        lses.append(lse_acc)
+        parts = [plan.steps[(r - i) % cp].forward(qs[r], ks[(r - i) % cp], vs[(r - i) % cp], scale)
+                 for i in range(cp)]  # fmt: skip
+        out, lse = merge_partials(parts, q.dtype)
+        outs.append(out)
+        lses.append(lse)
     if do is None:
         return SimulatedRing(outs, lses, None, None, None, plans)
     dos = [partition(do, cu_seqlens_q_padded, cp, r) for r in range(cp)]

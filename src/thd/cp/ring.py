@@ -6,8 +6,9 @@ Rank ``r`` of a ``cp``-rank group holds chunks ``r`` and ``2cp-1-r`` of every sl
 (spec §3.2): ``j == r`` diagonal (causal inside each local slot), ``j < r`` lower (all local
 queries, first half of KV_j, no mask), ``j > r`` upper (second half of the local queries, all of
 KV_j, no mask); without ``causal`` every step is full. Partial ``(out, lse)`` pairs are merged in
-fp32 with a NaN-safe log-sum-exp. Backward runs the ring the other way and the partial dK/dV of
-each K/V block travels with it, so each rank ends with the complete gradient of its own block.
+fp32 with a NaN-safe log-sum-exp once all steps are done. Backward runs the ring the other way
+and the partial dK/dV of each K/V block travels with it, so each rank ends with the complete
+gradient of its own block.
 
 Halves are never copied. Padding sits at the end of a slot, so the real rows of each half of a
 local slot are a prefix of that half: the first half of KV_j is the local slot offsets with
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +42,7 @@ from thd.cp.partition import local_cu_seqlens_padded, rank_cu_seqlens
 from thd.errors import ThdDistributedError, ThdError, ThdTypeError, ThdValueError
 from thd.ops.attention import attention_backward, attention_forward
 
-__all__ = ["RingPlan", "StepArgs", "build_plan", "merge_partial_", "path_counts", "ring_attention"]
+__all__ = ["RingPlan", "StepArgs", "build_plan", "merge_partials", "path_counts", "ring_attention"]
 
 path_counts: Counter[str] = Counter()
 """Calls per count path: ``"rank_counts"`` (exact, from :func:`thd.cp.rank_cu_seqlens`),
@@ -181,21 +183,27 @@ def build_plan(
                     full_kv[r], cupl_kv)  # fmt: skip
 
 
-def merge_partial_(out_acc: Tensor, lse_acc: Tensor, out_i: Tensor, lse_i: Tensor) -> None:
-    """Fold ``(out_i, lse_i)`` into the fp32 accumulators in place (log-sum-exp merge).
+def merge_partials(parts: Sequence[tuple[Tensor, Tensor]], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Log-sum-exp merge of per-step ``(out_i [T, H, Dv], lse_i [H, T] fp32)``: ``(out, lse)``.
 
-    ``out_acc [T, H, Dv]`` fp32, ``lse_acc [H, T]`` fp32. Rows where both sides are ``-inf``
-    stay ``-inf`` with weight 0 on both (no NaN), so exact-zero rows stay exact zeros.
+    ``lse = log(sum_i exp(lse_i))`` and ``out = sum_i exp(lse_i - lse) * out_i``, accumulated
+    in fp32 and cast to ``dtype`` once. Rows where every ``lse_i`` is ``-inf`` get ``-inf`` and
+    weight 0 everywhere (never NaN), so rows that are exact zeros in every part stay exact
+    zeros. Deferring the merge to the end costs one fp32 pass per part.
     """
-    hi = torch.maximum(lse_acc, lse_i)
+    if len(parts) == 1:
+        return parts[0][0].to(dtype), parts[0][1]
+    lses = torch.stack([lse for _, lse in parts])  # [n, H, T]
+    hi = lses.amax(dim=0)
     hi = hi.masked_fill(hi == float("-inf"), 0.0)
-    w_acc = torch.exp(lse_acc - hi)
-    w_i = torch.exp(lse_i - hi)
-    total = w_acc + w_i  # in [1, 2] where either side is finite, else 0
-    lse_acc.copy_(hi + torch.log(total))
-    inv = torch.where(total > 0, total.reciprocal(), 0.0)
-    out_acc.mul_((w_acc * inv).t().unsqueeze(-1))
-    out_acc.addcmul_(out_i, (w_i * inv).t().unsqueeze(-1))
+    weights = torch.exp(lses - hi)  # <= 1; all 0 where every part is -inf
+    total = weights.sum(dim=0)  # >= 1 where any part is finite, else 0
+    lse = hi + torch.log(total)
+    weights *= torch.where(total > 0, total.reciprocal(), 0.0)
+    acc = parts[0][0] * weights[0].t().unsqueeze(-1)  # fp32 by type promotion
+    for (out_i, _), w_i in zip(parts[1:], weights[1:], strict=True):
+        acc.addcmul_(out_i, w_i.t().unsqueeze(-1))
+    return acc.to(dtype), lse
 
 
 def _pack_kv(k: Tensor, v: Tensor) -> Tensor:
@@ -213,7 +221,7 @@ def _ring_forward(
     """``(out, lse, kv_last)``; ``kv_last`` is the flat K/V of rank ``r + 1`` (start of the backward)."""
     cp, r, scale = plan.cp_size, plan.cp_rank, plan.softmax_scale
     kv = _pack_kv(k, v)
-    out_acc = lse_acc = None
+    parts: list[tuple[Tensor, Tensor]] = []
     for i in range(cp):
         j = (r - i) % cp
         pending = None
@@ -223,19 +231,15 @@ def _ring_forward(
             if not overlap:
                 pending.wait()
         k_j, v_j = _unpack_kv(kv, k.shape, v.shape)
-        out_i, lse_i = plan.steps[j].forward(q, k_j, v_j, scale)
-        if out_acc is None or lse_acc is None:
-            out_acc, lse_acc = out_i.float(), lse_i
-        else:
-            merge_partial_(out_acc, lse_acc, out_i, lse_i)
+        parts.append(plan.steps[j].forward(q, k_j, v_j, scale))
         if pending is not None:
             pending.wait()
             kv = nxt
-    assert out_acc is not None and lse_acc is not None
-    out = out_acc.to(q.dtype)
+    out, lse = merge_partials(parts, q.dtype)
+    del parts
     if plan.pad:
         _zero_padding(out, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True)
-    return out, lse_acc, kv
+    return out, lse, kv
 
 
 def _ring_backward(
