@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import thd
 from tests._helpers import (
@@ -233,41 +232,32 @@ def test_attention_runs_triton_under_interpreter(monkeypatch: pytest.MonkeyPatch
     _run(thd.attention, q, k, v, do, layout.kwargs())
 
 
-class _OpRecorder(TorchDispatchMode):
-    """Records every ``thd::`` op call with its arguments."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        if func.namespace == "thd":
-            self.calls.append((func, args, kwargs))
-        return func(*args, **kwargs)
+def _schema_args(op: Any, values: dict[str, Any]) -> tuple[Any, ...]:
+    """Positional arguments of ``op`` taken by name from ``values``."""
+    names = [a.name for a in op._schema.arguments]
+    missing = [n for n in names if n not in values]
+    assert not missing, f"{op}: schema {names} has arguments the test does not know: {missing}"
+    return tuple(values[n] for n in names)
 
 
 def test_attention_custom_ops_pass_opcheck() -> None:
-    """``thd::attention_fwd`` / ``thd::attention_bwd`` exist and pass ``torch.library.opcheck``."""
+    """``thd::attention_fwd`` / ``thd::attention_bwd`` are correct and pass ``torch.library.opcheck``."""
     layout = make_layout("opcheck", [5, 9], pad_q=[2, 0], capacity_q=1)
     q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32, poison=None)
-    leaves = _leaves(q, k, v)
-    with _OpRecorder() as recorder:
-        out = thd.attention(*leaves, **layout.kwargs(), causal=True)
-        out.backward(do)
-    names = sorted({str(func) for func, _, _ in recorder.calls})
-    assert names == ["thd.attention_bwd.default", "thd.attention_fwd.default"], names
-    for func, args, kwargs in recorder.calls:
-        # Inputs of the forward op require grad (its autograd formula is checked); the
-        # backward op has no double-backward, so its inputs do not.
-        needs_grad = "attention_fwd" in str(func)
-        args = tuple(
-            a.detach().clone().requires_grad_(needs_grad and a.is_floating_point())
-            if isinstance(a, Tensor)
-            else a
-            for a in args
-        )
-        torch.library.opcheck(func, args, kwargs)
+    values = {"q": q, "k": k, "v": v, **layout.kwargs(), "causal": True, "softmax_scale": 32**-0.5}
+    fwd, bwd = torch.ops.thd.attention_fwd.default, torch.ops.thd.attention_bwd.default
+    out, lse = fwd(*_schema_args(fwd, values))
+    ref_out, ref_lse, ref_grads = _run(reference.attention, q, k, v, do, {**layout.kwargs(), "causal": True})
+    assert_close(out, ref_out, "out", **tolerance(torch.float32))
+    assert_close(lse, ref_lse, "lse", **tolerance(torch.float32))
+    values |= {"do": do, "out": out, "lse": lse}
+    for name, got, want in zip(("dq", "dk", "dv"), bwd(*_schema_args(bwd, values)), ref_grads, strict=True):
+        assert_close(got, want, name, **tolerance(torch.float32, "grad"))
+    # The forward's autograd formula is checked with inputs that require grad; the backward
+    # op has no double backward, so its inputs do not.
+    grad_values = {**values, **{n: values[n].detach().clone().requires_grad_() for n in ("q", "k", "v")}}
+    torch.library.opcheck(fwd, _schema_args(fwd, grad_values))
+    torch.library.opcheck(bwd, _schema_args(bwd, values))
 
 
 def test_attention_compiles_without_graph_breaks() -> None:

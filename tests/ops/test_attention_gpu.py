@@ -167,11 +167,17 @@ _GRAPH_LAYOUTS = [
 ]
 
 
-def test_attention_gpu_cuda_graph_replay_with_new_cu_seqlens() -> None:
-    """Capture forward+backward once, replay with other cu_seqlens values: equal to eager, bitwise."""
+@pytest.mark.parametrize("captured", [0, 2], ids=["capture-slot-padded", "capture-unpadded"])
+def test_attention_gpu_cuda_graph_replay_with_new_cu_seqlens(captured: int) -> None:
+    """Capture forward+backward once, replay with other cu_seqlens values: equal to eager, bitwise.
+
+    Captured on a layout with slot padding, or on one without (``cup == cu`` by value), then
+    replayed on all others: a padding decision taken on the host at capture time would leave
+    the later layouts' slot padding unzeroed.
+    """
     assert all(lay.total_q == _GRAPH_ROWS for lay in _GRAPH_LAYOUTS)
     hq, hkv, d = 8, 2, 128
-    first = _GRAPH_LAYOUTS[0]
+    first = _GRAPH_LAYOUTS[captured]
     static = first.kwargs(DEVICE, max_seqlen=False)
     bounds = {"max_seqlen_q": _GRAPH_ROWS, "max_seqlen_kv": _GRAPH_ROWS}
     call_kwargs = {**static, **bounds, "causal": True, "deterministic": True}
@@ -196,7 +202,7 @@ def test_attention_gpu_cuda_graph_replay_with_new_cu_seqlens() -> None:
         static_out, static_lse = step()
     static_grads = [t.grad for t in leaves]
 
-    for layout in _GRAPH_LAYOUTS[1:] + _GRAPH_LAYOUTS[:1]:
+    for layout in _GRAPH_LAYOUTS[captured + 1 :] + _GRAPH_LAYOUTS[: captured + 1]:
         new_q, new_k, new_v, new_do = make_qkv(layout, hq, hkv, d, d, torch.bfloat16, DEVICE)
         new_kwargs = layout.kwargs(DEVICE, max_seqlen=False)
         with torch.no_grad():
