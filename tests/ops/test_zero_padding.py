@@ -365,7 +365,8 @@ def test_zero_padding_cuda_graph_without_slot_padding_replays_new_tails() -> Non
 @pytest.mark.gpu
 def test_zero_padding_cuda_graph_capture_miss_is_safe() -> None:
     x = torch.empty(32, 8, device="cuda")
-    zero_padding_(x, _i32([0, 1], "cuda"), _i32([0, 2], "cuda"))  # compile outside capture
+    # Compile the variant the capture will use (slot padding assumed) outside capture.
+    zero_padding_(x, _i32([0, 1], "cuda"), _i32([0, 2], "cuda"), pad_between_seqs=True)
     cu = _i32([0, 3, 5], "cuda")
     cup = _i32([0, 3, 5], "cuda")  # value-equal, never seen eagerly
     torch.cuda.synchronize()
