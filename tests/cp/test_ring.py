@@ -302,6 +302,9 @@ def _worker_gpu_matrix(rank: int, world: int) -> None:
             seed += 1
             for heads in ((8, 2, 128, 128), (8, 8, 128, 64)):
                 _check_case(case, world, rank, None, causal, heads, torch.bfloat16, device, seed)
+    singles = [dist.new_group([r]) for r in range(world)]  # cp = 1 through the same API
+    for case in cases(1, scale=64)[:4]:
+        _check_case(case, 1, 0, singles[rank], True, (8, 2, 128, 128), torch.bfloat16, device, 50)
     _worker_cuda_graph(rank, world)
 
 

@@ -275,7 +275,10 @@ def _ring_backward(
             pending.wait()
         k_j, v_j = _unpack_kv(kv, k_shape, v_shape)
         dq_i, dk_i, dv_i = plan.steps[j].backward(do, q, k_j, v_j, out, lse, scale)
-        dq_acc = dq_i.float() if dq_acc is None else dq_acc.add_(dq_i)
+        if dq_acc is None:  # two parts: one add in q.dtype rounds exactly like an fp32 sum + cast
+            dq_acc = dq_i if cp == 2 else dq_i.float()
+        else:
+            dq_acc.add_(dq_i)
         pending.wait()
         if dkv_in is None:
             dkv = _pack_kv(dk_i, dv_i)
