@@ -8,9 +8,12 @@ RECORD (every file once, sha256 or stronger, sizes); path safety; size and ratio
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import stat
 import zipfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from release.wheelname import WheelName, format_build_tag, parse_wheel_name
 __all__ = ["Limits", "WheelReport", "check_path", "inspect_wheel", "verify_wheel"]
 
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
+_PARALLEL_MIN = 64 << 20  # hash in threads above this many uncompressed bytes
 
 
 @dataclass(frozen=True)
@@ -343,6 +347,7 @@ class _Checker:
             self.warn("record-self", record_name, "expected a 'RECORD,,' row, got none")
         elif own.hash is not None or own.size is not None:
             self.err("record-self", record_name, f"expected empty hash and size, got {own.to_row()}")
+        to_hash: list[tuple[zipfile.ZipInfo, Hash]] = []
         for name, info in files.items():
             if name == record_name:
                 continue
@@ -359,26 +364,36 @@ class _Checker:
             if entry.size is not None and entry.size != info.file_size:
                 self.err("record-size", name, f"expected {entry.size} bytes (RECORD), got {info.file_size}")
             if self.check_hashes:
-                self._check_hash(zf, info, entry.hash)
+                to_hash.append((info, entry.hash))
+        self._check_hashes(zf, to_hash)
 
-    def _check_hash(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: Hash) -> None:
-        digest = hashlib.new(expected.name)
-        try:
-            with zf.open(info) as stream:
-                while chunk := stream.read(1 << 20):
-                    digest.update(chunk)
-        except (zipfile.BadZipFile, zlib_error, ValueError, NotImplementedError) as exc:
-            self.err("bad-zip", info.filename, f"expected readable member data, got {exc}")
-            return
-        actual = Hash.of_digest(expected.name, digest.digest())
-        if actual != expected:
-            self.err("record-hash", info.filename, f"expected {expected} (RECORD), got {actual}")
+    def _check_hashes(self, zf: zipfile.ZipFile, items: list[tuple[zipfile.ZipInfo, Hash]]) -> None:
+        """Hash members, in threads for large archives (hashlib and zlib release the GIL)."""
+        total = sum(info.file_size for info, _ in items)
+        workers = min(4, os.cpu_count() or 1)
+        if total < _PARALLEL_MIN or workers < 2:
+            found = [_hash_issue(zf, info, expected) for info, expected in items]
+        else:
+            with ThreadPoolExecutor(workers) as pool:
+                found = list(pool.map(lambda item: _hash_issue(zf, *item), items))
+        for issue in found:
+            if issue:
+                self.err(*issue)
 
 
-try:
-    from zlib import error as zlib_error
-except ImportError:  # pragma: no cover
-    zlib_error = ValueError  # type: ignore[assignment,misc]
+def _hash_issue(zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: Hash) -> tuple[str, str, str] | None:
+    """``(code, member, detail)`` when the member cannot be read or its hash differs."""
+    digest = hashlib.new(expected.name)
+    try:
+        with zf.open(info) as stream:
+            while chunk := stream.read(1 << 20):
+                digest.update(chunk)
+    except (zipfile.BadZipFile, zlib.error, ValueError, NotImplementedError) as exc:
+        return ("bad-zip", info.filename, f"expected readable member data, got {exc}")
+    actual = Hash.of_digest(expected.name, digest.digest())
+    if actual != expected:
+        return ("record-hash", info.filename, f"expected {expected} (RECORD), got {actual}")
+    return None
 
 
 def inspect_wheel(

@@ -223,3 +223,15 @@ def test_all_issues_collected(make_wheel) -> None:
     )
     _, issues = inspect_wheel(write_zip(make_wheel(NAME).parent / NAME, members))
     assert {"name-mismatch", "version-mismatch", "tag-mismatch"} <= {i.code for i in issues}
+
+
+def test_threaded_hashing_finds_the_same_issues(make_wheel, monkeypatch: pytest.MonkeyPatch) -> None:
+    members = foo_members(extra_files=[(f"foo/m{i}.py", b"x = %d\n" % i) for i in range(20)])
+    members[5] = (members[5][0], b"x = 9\n")
+    members[9] = (members[9][0], b"x = 1\n")
+    path = make_wheel(NAME, members)
+    sequential = inspect_wheel(path)[1]
+    monkeypatch.setattr("release.verify._PARALLEL_MIN", 0)
+    threaded = inspect_wheel(path)[1]
+    assert threaded == sequential
+    assert [i.where for i in threaded] == ["foo/m3.py", "foo/m7.py"]
