@@ -25,6 +25,7 @@ import os
 import random
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -61,34 +62,51 @@ def _cumsum(values: Sequence[int], device: torch.device) -> Tensor:
     return torch.tensor(out, dtype=torch.int32, device=device)
 
 
-def _time_ms(fn: Callable[[], object], warmup: int, iters: int) -> dict[str, float]:
-    """Mean ms per call over ``iters`` calls after ``warmup``, max over ranks (all ranks call it)."""
+def _time_ms(fn: Callable[[], object], warmup: int, iters: int, device: torch.device) -> dict[str, float]:
+    """Mean ms per call over ``iters`` calls after ``warmup``, max over ranks (all ranks call it).
+
+    CUDA events on GPUs; a host clock on CPUs (the ``--device cpu`` smoke mode).
+    """
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    ms = torch.tensor([start.elapsed_time(end) / iters], device="cuda")
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        elapsed = start.elapsed_time(end)
+    else:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        elapsed = (time.perf_counter() - t0) * 1e3
+    ms = torch.tensor([elapsed / iters], device=device)
     lo = ms.clone()
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)
     dist.all_reduce(lo, op=dist.ReduceOp.MIN)
     return {"median_ms": float(ms.item()), "min_rank_ms": float(lo.item())}
 
 
-def _randn(rows: int, heads: int, dim: int, seed: int) -> Tensor:
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randn(rows, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+def _randn(rows: int, heads: int, dim: int, seed: int, device: torch.device) -> Tensor:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=gen)
 
 
 def _callables(
-    attn: Callable[[Tensor, Tensor, Tensor], Tensor], rows: int, heads: int, dim: int, seed: int
+    attn: Callable[[Tensor, Tensor, Tensor], Tensor],
+    rows: int,
+    heads: int,
+    dim: int,
+    seed: int,
+    device: torch.device,
 ) -> dict[str, Callable[[], object]]:
-    q, k, v, do = (_randn(rows, heads, dim, seed + i) for i in range(4))
+    q, k, v, do = (_randn(rows, heads, dim, seed + i, device) for i in range(4))
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
 
     def fwd() -> object:
@@ -111,7 +129,7 @@ def _measure(
     records = []
     for mode in args.modes:
         try:
-            timing = _time_ms(calls[mode], args.warmup, args.iters)
+            timing = _time_ms(calls[mode], args.warmup, args.iters, torch.device(args.device_now))
             records.append(make_record(op="ring_attention", provider=provider, mode=mode, shape=shape,
                                        flops=flops(mode), timing=timing))  # fmt: skip
         except Exception as exc:  # recorded, never raised: the other providers still run
@@ -126,7 +144,7 @@ def run_shape(tokens: int, mix: str, layout: str, cp: int, rank: int, args: argp
 
     heads, dim, m = args.heads, args.head_dim, 2 * cp
     lo, hi = MIXES[mix]
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(args.device_now)
     # Single GPU: `tokens` packed documents.
     local = document_lengths(tokens, lo, hi, args.seed)
     cu1 = _cumsum(local, device)
@@ -135,10 +153,11 @@ def run_shape(tokens: int, mix: str, layout: str, cp: int, rank: int, args: argp
         q, k, v, cu1, cu1, max_seqlen_q=max1, max_seqlen_kv=max1, causal=True
     )
     shape = {"tokens_per_gpu": tokens, "cp": cp, "heads": heads, "head_dim": dim, "mix": mix,
-             "layout": layout, "dtype": "bfloat16", "causal": True}  # fmt: skip
+             "layout": layout, "dtype": "bfloat16" if device.type == "cuda" else "float32",
+             "causal": True}  # fmt: skip
     records = _measure(
         "single",
-        _callables(single, tokens, heads, dim, 1),
+        _callables(single, tokens, heads, dim, 1, device),
         lambda mode: attention_flops(local, local, heads, dim, causal=True, mode=mode),
         {**shape, "docs": len(local), "max_doclen": max1},
         args,
@@ -158,7 +177,7 @@ def run_shape(tokens: int, mix: str, layout: str, cp: int, rank: int, args: argp
             q, k, v, cu, cu, cup, cup, causal=True, pad_between_seqs=pad,
             max_seqlen_q=longest, max_seqlen_kv=longest, _overlap=overlap,
         )  # fmt: skip
-        calls = _callables(ring, rows // cp, heads, dim, 10 + rank)
+        calls = _callables(ring, rows // cp, heads, dim, 10 + rank, device)
         recs = _measure(provider, calls, lambda mode: global_flops(mode) / cp, ring_shape, args)
         records.extend(recs)
     return records
@@ -188,13 +207,22 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def worker(rank: int, world: int, args: argparse.Namespace, init_method: str | None) -> None:
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    torch.cuda.set_device(local_rank)
-    dist.init_process_group(
-        "nccl", init_method=init_method or "env://", rank=rank, world_size=world,
-        timeout=timedelta(minutes=10), device_id=torch.device("cuda", local_rank),
-    )  # fmt: skip
+    if args.device == "cuda":
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        torch.cuda.set_device(local_rank)
+        args.device_now = f"cuda:{local_rank}"
+        dist.init_process_group(
+            "nccl", init_method=init_method or "env://", rank=rank, world_size=world,
+            timeout=timedelta(minutes=10), device_id=torch.device("cuda", local_rank),
+        )  # fmt: skip
+    else:  # smoke mode: gloo, attention through the torch reference
+        os.environ["THD_ATTENTION_BACKEND"] = "reference"
+        args.device_now = "cpu"
+        dist.init_process_group(
+            "gloo", init_method=init_method or "env://", rank=rank, world_size=world,
+            timeout=timedelta(minutes=10),
+        )  # fmt: skip
     try:
         records: list[dict[str, Any]] = []
         for tokens in args.tokens:
@@ -204,7 +232,7 @@ def worker(rank: int, world: int, args: argparse.Namespace, init_method: str | N
                     if rank == 0:
                         print(f"done tokens={tokens} mix={mix} layout={layout}", file=sys.stderr, flush=True)
         if rank == 0:
-            config = {k: v for k, v in vars(args).items() if k != "out"}
+            config = {k: v for k, v in vars(args).items() if k not in ("out", "device_now")}
             payload = {"benchmark": "ring", "env": env_fingerprint(), "config": {**config, "cp": world},
                        "records": records, "summary": summarize(records)}  # fmt: skip
             path = write_json(args.out, payload)
@@ -228,18 +256,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo smoke test")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_ring: needs CUDA GPUs", file=sys.stderr)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_ring: needs CUDA GPUs (or --device cpu for a smoke test)", file=sys.stderr)
         return 1
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None)
         return 0
-    if torch.cuda.device_count() < args.cp:
+    if args.device == "cuda" and torch.cuda.device_count() < args.cp:
         print(f"bench_ring: needs {args.cp} GPUs, found {torch.cuda.device_count()}", file=sys.stderr)
         return 1
     with tempfile.TemporaryDirectory(prefix="thd-bench-ring-") as tmp:
