@@ -157,7 +157,8 @@ def test_module_entry_point_without_torch(tmp_path: Path) -> None:
         "import sys, runpy; sys.argv = ['release', 'version', '--project', sys.argv[1]];"
         "\ntry: runpy.run_module('release', run_name='__main__')\n"
         "except SystemExit as e: assert e.code == 0, e.code\n"
-        "assert 'torch' not in sys.modules"
+        "import release.release_set, release.build, release.repack\n"
+        "assert 'torch' not in sys.modules and 'thd' not in sys.modules"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tracemalloc
 import zipfile
 from pathlib import Path
@@ -277,3 +279,17 @@ def test_wheel_file_rendering_keeps_other_fields(make_wheel, tmp_path: Path) -> 
     out = repack_wheel(src, name="foo_cu12", tags=TARGET, outdir=tmp_path / "o").output
     wheel = read(out, "foo_cu12-0.3.0.dev0.dist-info/WHEEL")
     assert wheel == wheel_file([TARGET]).replace(b"Generator: tests 1.0", b"Generator: tests 1.0")
+
+
+@pytest.mark.slow
+def test_zip64_many_members(tmp_path: Path) -> None:  # case 32: ZIP64 end records (>= 65535 entries)
+    extra = [(f"foo/m{i // 1000}/f{i}.py", b"") for i in range(66_000)]
+    src = write_zip(tmp_path / "foo-0.3.0.dev0-py3-none-any.whl", foo_members(extra_files=extra))
+    out = repack_wheel(src, name="foo_cu12", tags=TARGET, outdir=tmp_path / "o").output
+    data = out.read_bytes()
+    assert b"PK\x06\x06" in data[-200:] and b"PK\x06\x07" in data[-200:]
+    with zipfile.ZipFile(out) as zf:
+        assert len(zf.infolist()) == 66_005
+        assert zf.testzip() is None
+    proc = subprocess.run([sys.executable, "-m", "wheel", "tags", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
