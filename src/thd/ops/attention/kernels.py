@@ -2,13 +2,14 @@
 
 Only ``@triton.jit`` code lives here; launch logic is in ``interface.py``.
 
-Grid convention for every kernel: ``(row blocks, heads, sequences)``. Axis 0 walks the
-row blocks of one (head, sequence) pair from the last block to the first, and axis 2 walks
-sequences in the order given by ``order_ptr`` (longest first), so the heaviest tiles start
-first and short sequences fill the tail of the launch. Programs whose block starts past the
-sequence's real length exit at once. Padding rows are never loaded (masked loads with
-``other=0``) and never stored; the launcher zeroes them afterwards at a cost proportional
-to the padding.
+Grid convention for every kernel: ``(row blocks, heads, sequences + 1)``. Axis 0 walks
+the row blocks of one (head, sequence) pair from the last block to the first, so under a
+causal mask the heaviest tiles of a sequence start first. Padding rows are never loaded
+(masked loads with ``other=0``); instead each program first writes the fill value (0 for
+outputs and gradients, ``-inf`` for ``lse``) into its share of the padding rows of its slot,
+``[cup[b] + L_b, cup[b+1])``, and the extra sequence index ``B`` covers the tail
+``[cup[B], T)``. So padding costs work proportional to its size, and no separate cleanup
+launch is needed. Programs whose block starts past the real length then exit.
 
 Causal masking is bottom-right aligned: query ``i`` sees key ``j`` iff
 ``j <= i + (Lk - Lq)``.
@@ -45,6 +46,41 @@ def _sequence_bounds(cu_ptr, cup_ptr, b):
     hi = tl.load(cu_ptr + b + 1)
     start = tl.load(cup_ptr + b)
     return start, hi - lo
+
+
+@triton.jit
+def _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows):
+    """Padding rows ``[lo, hi)`` of slot ``b``; ``b == num_seqs`` is the tail."""
+    is_slot = b < num_seqs
+    slot_start = tl.load(cup_ptr + b)
+    length = tl.load(cu_ptr + b + 1, mask=is_slot, other=0) - tl.load(cu_ptr + b, mask=is_slot, other=0)
+    slot_end = tl.load(cup_ptr + b + 1, mask=is_slot, other=0)
+    return slot_start + length, tl.where(is_slot, slot_end, num_rows)
+
+
+@triton.jit
+def _fill_rows(
+    base_ptr,
+    stride_t,
+    lo,
+    hi,
+    step,
+    value,
+    WIDTH: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Write ``value`` into rows ``lo, lo + BLOCK_R, ...`` (stepping by ``step``) below ``hi``."""
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_w = tl.arange(0, BLOCK_W)
+    fill = tl.full([BLOCK_R, BLOCK_W], value, dtype=base_ptr.dtype.element_ty)
+    for row0 in range(lo, hi, step):
+        rows = row0 + offs_r
+        tl.store(
+            base_ptr + rows.to(tl.int64)[:, None] * stride_t + offs_w[None, :],
+            fill,
+            mask=(rows < hi)[:, None] & (offs_w[None, :] < WIDTH),
+        )
 
 
 @triton.jit
@@ -127,7 +163,7 @@ def _attention_fwd_kernel(
     cu_k_ptr,
     cup_q_ptr,
     cup_k_ptr,
-    order_ptr,
+    num_rows_q,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -152,7 +188,17 @@ def _attention_fwd_kernel(
     num_m_blocks = tl.num_programs(0)
     m_block = num_m_blocks - 1 - tl.program_id(0)
     head = tl.program_id(1)
-    b = tl.load(order_ptr + tl.program_id(2))
+    b = tl.program_id(2)
+    num_seqs = tl.num_programs(2) - 1
+    pad_lo, pad_hi = _padding_span(cu_q_ptr, cup_q_ptr, b, num_seqs, num_rows_q)
+    out_head = out_ptr + head * stride_oh
+    lse_head = lse_ptr + head * stride_lse_h
+    _fill_rows(out_head, stride_ot, pad_lo + m_block * BLOCK_M, pad_hi, num_m_blocks * BLOCK_M,
+               0.0, HEAD_DIM_V, BLOCK_DV, BLOCK_M)
+    _fill_rows(lse_head, 1, pad_lo + m_block * BLOCK_M, pad_hi, num_m_blocks * BLOCK_M,
+               float("-inf"), 1, 1, BLOCK_M)
+    if b == num_seqs:
+        return
     q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
     if m_block * BLOCK_M >= seqlen_q:
         return
@@ -202,13 +248,13 @@ def _attention_fwd_kernel(
     l_safe = tl.where(has_keys, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
-    out_base = out_ptr + q_start.to(tl.int64) * stride_ot + head * stride_oh
+    out_base = out_head + q_start.to(tl.int64) * stride_ot
     tl.store(
         out_base + offs_m[:, None] * stride_ot + offs_dv[None, :],
         out.to(out_ptr.dtype.element_ty),
         mask=mask_m[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
     )
-    tl.store(lse_ptr + head * stride_lse_h + q_start + offs_m, lse, mask=mask_m)
+    tl.store(lse_head + q_start + offs_m, lse, mask=mask_m)
 
 
 @triton.jit
@@ -218,7 +264,6 @@ def _attention_bwd_preprocess_kernel(
     delta_ptr,
     cu_q_ptr,
     cup_q_ptr,
-    order_ptr,
     stride_ot,
     stride_oh,
     stride_dot,
@@ -230,7 +275,7 @@ def _attention_bwd_preprocess_kernel(
 ):
     m_block = tl.program_id(0)
     head = tl.program_id(1)
-    b = tl.load(order_ptr + tl.program_id(2))
+    b = tl.program_id(2)
     q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
     if m_block * BLOCK_M >= seqlen_q:
         return
@@ -328,7 +373,7 @@ def _attention_bwd_dkdv_kernel(
     cu_k_ptr,
     cup_q_ptr,
     cup_k_ptr,
-    order_ptr,
+    num_rows_k,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -354,9 +399,20 @@ def _attention_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    n_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    num_n_blocks = tl.num_programs(0)
+    n_block = num_n_blocks - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
-    b = tl.load(order_ptr + tl.program_id(2))
+    b = tl.program_id(2)
+    num_seqs = tl.num_programs(2) - 1
+    pad_lo, pad_hi = _padding_span(cu_k_ptr, cup_k_ptr, b, num_seqs, num_rows_k)
+    dk_head = dk_ptr + kv_head * stride_dkh
+    dv_head = dv_ptr + kv_head * stride_dvh
+    _fill_rows(dk_head, stride_dkt, pad_lo + n_block * BLOCK_N, pad_hi, num_n_blocks * BLOCK_N,
+               0.0, HEAD_DIM, BLOCK_D, BLOCK_N)
+    _fill_rows(dv_head, stride_dvt, pad_lo + n_block * BLOCK_N, pad_hi, num_n_blocks * BLOCK_N,
+               0.0, HEAD_DIM_V, BLOCK_DV, BLOCK_N)
+    if b == num_seqs:
+        return
     k_start, seqlen_k = _sequence_bounds(cu_k_ptr, cup_k_ptr, b)
     if n_block * BLOCK_N >= seqlen_k:
         return
@@ -411,13 +467,13 @@ def _attention_bwd_dkdv_kernel(
         )
     dk = dk * sm_scale
     tl.store(
-        dk_ptr + k_start.to(tl.int64) * stride_dkt + kv_head * stride_dkh
+        dk_head + k_start.to(tl.int64) * stride_dkt
         + offs_n[:, None] * stride_dkt + offs_d[None, :],
         dk.to(dk_ptr.dtype.element_ty),
         mask=mask_n[:, None] & (offs_d[None, :] < HEAD_DIM),
     )
     tl.store(
-        dv_ptr + k_start.to(tl.int64) * stride_dvt + kv_head * stride_dvh
+        dv_head + k_start.to(tl.int64) * stride_dvt
         + offs_n[:, None] * stride_dvt + offs_dv[None, :],
         dv.to(dv_ptr.dtype.element_ty),
         mask=mask_n[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
@@ -490,7 +546,7 @@ def _attention_bwd_dq_kernel(
     cu_k_ptr,
     cup_q_ptr,
     cup_k_ptr,
-    order_ptr,
+    num_rows_q,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -514,9 +570,17 @@ def _attention_bwd_dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    num_m_blocks = tl.num_programs(0)
+    m_block = num_m_blocks - 1 - tl.program_id(0)
     head = tl.program_id(1)
-    b = tl.load(order_ptr + tl.program_id(2))
+    b = tl.program_id(2)
+    num_seqs = tl.num_programs(2) - 1
+    pad_lo, pad_hi = _padding_span(cu_q_ptr, cup_q_ptr, b, num_seqs, num_rows_q)
+    dq_head = dq_ptr + head * stride_dqh
+    _fill_rows(dq_head, stride_dqt, pad_lo + m_block * BLOCK_M, pad_hi, num_m_blocks * BLOCK_M,
+               0.0, HEAD_DIM, BLOCK_D, BLOCK_M)
+    if b == num_seqs:
+        return
     q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
     if m_block * BLOCK_M >= seqlen_q:
         return
@@ -567,7 +631,7 @@ def _attention_bwd_dq_kernel(
     )
     dq = dq * sm_scale
     tl.store(
-        dq_ptr + q_start.to(tl.int64) * stride_dqt + head * stride_dqh
+        dq_head + q_start.to(tl.int64) * stride_dqt
         + offs_m[:, None] * stride_dqt + offs_d[None, :],
         dq.to(dq_ptr.dtype.element_ty),
         mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),

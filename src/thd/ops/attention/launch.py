@@ -62,20 +62,8 @@ def _rows_major(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _length_order(cu: Tensor) -> Tensor:
-    """Sequence indices, longest first (device-side, no sync)."""
-    lengths = cu[1:] - cu[:-1]
-    return torch.argsort(lengths, descending=True, stable=True).to(torch.int32)
-
-
 def _seq_bucket(max_seqlen: int) -> int:
     return triton.next_power_of_2(max(int(max_seqlen), 16))
-
-
-def _zero_padding(x: Tensor, cu: Tensor, cup: Tensor | None) -> None:
-    from thd.padding import zero_padding_
-
-    zero_padding_(x, cu, cup)
 
 
 def _head_meta(q: Tensor, k: Tensor, v: Tensor) -> dict[str, int | bool]:
@@ -101,22 +89,21 @@ def forward(
     causal: bool,
     scale: float,
 ) -> tuple[Tensor, Tensor]:
-    """Launch the forward kernel; returns ``(out, lse)`` with padding rows cleaned."""
+    """One kernel launch: ``(out, lse)``, padding rows written as 0 / -inf by the kernel."""
     q, k, v = _rows_major(q), _rows_major(k), _rows_major(v)
     num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], cu_q.shape[0] - 1
     out = q.new_empty(num_rows, num_heads, v.shape[2])
-    lse = torch.full((num_heads, num_rows), float("-inf"), device=q.device, dtype=torch.float32)
-    if num_seqs > 0 and max_seqlen_q > 0 and num_rows > 0:
-        order = _length_order(cu_q)
-        grid = lambda meta: (triton.cdiv(max_seqlen_q, meta["BLOCK_M"]), num_heads, num_seqs)
-        _fwd_kernel[grid](
-            q, k, v, out, lse, cu_q, cu_kv,
-            cu_q if cup_q is None else cup_q, cu_kv if cup_kv is None else cup_kv, order,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), lse.stride(0), scale, _seq_bucket(max_seqlen_q),
-            IS_CAUSAL=causal, **_head_meta(q, k, v),
-        )
-    _zero_padding(out, cu_q, cup_q)
+    lse = q.new_empty(num_heads, num_rows, dtype=torch.float32)
+    if num_rows == 0:
+        return out, lse
+    grid = lambda meta: (max(1, triton.cdiv(max_seqlen_q, meta["BLOCK_M"])), num_heads, num_seqs + 1)
+    _fwd_kernel[grid](
+        q, k, v, out, lse, cu_q, cu_kv,
+        cu_q if cup_q is None else cup_q, cu_kv if cup_kv is None else cup_kv, num_rows,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), scale, _seq_bucket(max_seqlen_q),
+        IS_CAUSAL=causal, **_head_meta(q, k, v),
+    )
     return out, lse
 
 
@@ -136,43 +123,39 @@ def backward(
     causal: bool,
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Launch preprocess, dK/dV and dQ kernels; returns ``(dq, dk, dv)``, padding zeroed."""
+    """Preprocess, dK/dV and dQ launches: ``(dq, dk, dv)``, padding rows written as 0."""
     do, q, k, v, out = (_rows_major(t) for t in (do, q, k, v, out))
     lse = lse.contiguous()
     num_heads, num_kv_heads, num_seqs = q.shape[1], k.shape[1], cu_q.shape[0] - 1
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if num_seqs > 0 and q.shape[0] > 0 and k.shape[0] > 0:
-        cup_q_ = cu_q if cup_q is None else cup_q
-        cup_kv_ = cu_kv if cup_kv is None else cup_kv
-        meta = _head_meta(q, k, v)
-        delta = torch.empty_like(lse)
-        order_q = _length_order(cu_q)
-        if max_seqlen_q > 0:
-            pre_block = 64
-            kernels._attention_bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre_block), num_heads, num_seqs)](
-                out, do, delta, cu_q, cup_q_, order_q,
-                out.stride(0), out.stride(1), do.stride(0), do.stride(1), delta.stride(0),
-                HEAD_DIM_V=v.shape[2], BLOCK_DV=meta["BLOCK_DV"], BLOCK_M=pre_block,
-            )
-        strides_in = (
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            do.stride(0), do.stride(1),
+    cup_q_ = cu_q if cup_q is None else cup_q
+    cup_kv_ = cu_kv if cup_kv is None else cup_kv
+    meta = _head_meta(q, k, v)
+    delta = torch.empty_like(lse)
+    bucket = _seq_bucket(max(max_seqlen_q, max_seqlen_kv))
+    if num_seqs > 0 and max_seqlen_q > 0 and q.shape[0] > 0:
+        pre_block = 64
+        kernels._attention_bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre_block), num_heads, num_seqs)](
+            out, do, delta, cu_q, cup_q_,
+            out.stride(0), out.stride(1), do.stride(0), do.stride(1), delta.stride(0),
+            HEAD_DIM_V=v.shape[2], BLOCK_DV=meta["BLOCK_DV"], BLOCK_M=pre_block,
         )
-        if max_seqlen_kv > 0:
-            grid_kv = lambda m: (triton.cdiv(max_seqlen_kv, m["BLOCK_N"]), num_kv_heads, num_seqs)
-            _dkdv_kernel[grid_kv](
-                q, k, v, do, lse, delta, dk, dv, cu_q, cu_kv, cup_q_, cup_kv_, _length_order(cu_kv),
-                *strides_in, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
-                scale, _seq_bucket(max(max_seqlen_q, max_seqlen_kv)), IS_CAUSAL=causal, **meta,
-            )
-        if max_seqlen_q > 0:
-            grid_q = lambda m: (triton.cdiv(max_seqlen_q, m["BLOCK_M"]), num_heads, num_seqs)
-            _dq_kernel[grid_q](
-                q, k, v, do, lse, delta, dq, cu_q, cu_kv, cup_q_, cup_kv_, order_q,
-                *strides_in, dq.stride(0), dq.stride(1), lse.stride(0),
-                scale, _seq_bucket(max(max_seqlen_q, max_seqlen_kv)), IS_CAUSAL=causal, **meta,
-            )
-    _zero_padding(dq, cu_q, cup_q)
-    _zero_padding(dk, cu_kv, cup_kv)
-    _zero_padding(dv, cu_kv, cup_kv)
+    strides_in = (
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        do.stride(0), do.stride(1),
+    )
+    if k.shape[0] > 0:
+        grid_kv = lambda m: (max(1, triton.cdiv(max_seqlen_kv, m["BLOCK_N"])), num_kv_heads, num_seqs + 1)
+        _dkdv_kernel[grid_kv](
+            q, k, v, do, lse, delta, dk, dv, cu_q, cu_kv, cup_q_, cup_kv_, k.shape[0],
+            *strides_in, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
+            scale, bucket, IS_CAUSAL=causal, **meta,
+        )
+    if q.shape[0] > 0:
+        grid_q = lambda m: (max(1, triton.cdiv(max_seqlen_q, m["BLOCK_M"])), num_heads, num_seqs + 1)
+        _dq_kernel[grid_q](
+            q, k, v, do, lse, delta, dq, cu_q, cu_kv, cup_q_, cup_kv_, q.shape[0],
+            *strides_in, dq.stride(0), dq.stride(1), lse.stride(0),
+            scale, bucket, IS_CAUSAL=causal, **meta,
+        )
     return dq, dk, dv
