@@ -74,9 +74,7 @@ def _validate(
     if q.shape[2] != k.shape[2]:
         raise ThdValueError(f"{fn}: head_dim of q ({q.shape[2]}) != head_dim of k ({k.shape[2]})")
     if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
-        raise ThdValueError(
-            f"{fn}: q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]})"
-        )
+        raise ThdValueError(f"{fn}: q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]})")
     for name, dim in (("q/k head_dim", q.shape[2]), ("v head_dim", v.shape[2])):
         if dim not in SUPPORTED_HEAD_DIMS:
             raise ThdValueError(f"{fn}: {name}: expected one of {SUPPORTED_HEAD_DIMS}, got {dim}")
@@ -120,13 +118,27 @@ def attention_forward(
     """
     if not _use_triton(q):
         return reference.attention_forward(
-            q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-            causal, softmax_scale,
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            cu_seqlens_q_padded,
+            cu_seqlens_kv_padded,
+            causal,
+            softmax_scale,
         )
     return launch.forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        cu_seqlens_q_padded,
+        cu_seqlens_kv_padded,
         _resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
-        causal, softmax_scale,
+        causal,
+        softmax_scale,
     )
 
 
@@ -156,15 +168,34 @@ def attention_backward(
     del deterministic
     if not _use_triton(q):
         return reference.attention_backward(
-            do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-            cu_seqlens_kv_padded, causal, softmax_scale,
+            do,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            cu_seqlens_q_padded,
+            cu_seqlens_kv_padded,
+            causal,
+            softmax_scale,
         )
     return launch.backward(
-        do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+        do,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        cu_seqlens_q_padded,
         cu_seqlens_kv_padded,
         _resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
         _resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
-        causal, softmax_scale,
+        causal,
+        softmax_scale,
     )
 
 
@@ -183,8 +214,17 @@ def _attention_fwd_op(
     softmax_scale: float,
 ) -> tuple[Tensor, Tensor]:
     return attention_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-        max_seqlen_q, max_seqlen_kv, causal, softmax_scale,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        cu_seqlens_q_padded,
+        cu_seqlens_kv_padded,
+        max_seqlen_q,
+        max_seqlen_kv,
+        causal,
+        softmax_scale,
     )
 
 
@@ -214,8 +254,20 @@ def _attention_bwd_op(
     softmax_scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return attention_backward(
-        do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-        cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, causal, softmax_scale,
+        do,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        cu_seqlens_q_padded,
+        cu_seqlens_kv_padded,
+        max_seqlen_q,
+        max_seqlen_kv,
+        causal,
+        softmax_scale,
     )
 
 
@@ -239,8 +291,20 @@ def _backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untype
     del dlse  # lse is an auxiliary output; it carries no gradient
     q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv = ctx.saved_tensors
     dq, dk, dv = _attention_bwd_op(
-        dout.contiguous(), q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv,
-        ctx.max_seqlens[0], ctx.max_seqlens[1], ctx.causal, ctx.scale,
+        dout.contiguous(),
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_q,
+        cu_kv,
+        cup_q,
+        cup_kv,
+        ctx.max_seqlens[0],
+        ctx.max_seqlens[1],
+        ctx.causal,
+        ctx.scale,
     )
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
@@ -262,8 +326,20 @@ class AttentionFunction(torch.autograd.Function):
         del dlse
         q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv = ctx.saved_tensors
         dq, dk, dv = attention_backward(
-            dout, q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv,
-            ctx.max_seqlens[0], ctx.max_seqlens[1], ctx.causal, ctx.scale,
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            cu_q,
+            cu_kv,
+            cup_q,
+            cup_kv,
+            ctx.max_seqlens[0],
+            ctx.max_seqlens[1],
+            ctx.causal,
+            ctx.scale,
         )
         return dq, dk, dv, None, None, None, None, None, None, None, None
 

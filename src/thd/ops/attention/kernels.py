@@ -193,10 +193,20 @@ def _attention_fwd_kernel(
     pad_lo, pad_hi = _padding_span(cu_q_ptr, cup_q_ptr, b, num_seqs, num_rows_q)
     out_head = out_ptr + head * stride_oh
     lse_head = lse_ptr + head * stride_lse_h
-    _fill_rows(out_head, stride_ot, pad_lo + m_block * BLOCK_M, pad_hi, num_m_blocks * BLOCK_M,
-               0.0, HEAD_DIM_V, BLOCK_DV, BLOCK_M)
-    _fill_rows(lse_head, 1, pad_lo + m_block * BLOCK_M, pad_hi, num_m_blocks * BLOCK_M,
-               float("-inf"), 1, 1, BLOCK_M)
+    _fill_rows(
+        out_head,
+        stride_ot,
+        pad_lo + m_block * BLOCK_M,
+        pad_hi,
+        num_m_blocks * BLOCK_M,
+        0.0,
+        HEAD_DIM_V,
+        BLOCK_DV,
+        BLOCK_M,
+    )
+    _fill_rows(
+        lse_head, 1, pad_lo + m_block * BLOCK_M, pad_hi, num_m_blocks * BLOCK_M, float("-inf"), 1, 1, BLOCK_M
+    )
     if b == num_seqs:
         return
     q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
@@ -234,14 +244,52 @@ def _attention_fwd_kernel(
     full_end = tl.maximum(full_end, 0)
     n_full = (full_end // BLOCK_N) * BLOCK_N
     acc, m_i, l_i = _fwd_inner(
-        acc, m_i, l_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, offs_dv,
-        0, n_full, seqlen_k, causal_offset, qk_scale,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, UPCAST,
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_base,
+        v_base,
+        stride_kt,
+        stride_vt,
+        offs_m,
+        offs_d,
+        offs_dv,
+        0,
+        n_full,
+        seqlen_k,
+        causal_offset,
+        qk_scale,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_V,
+        False,
+        IS_CAUSAL,
+        UPCAST,
     )
     acc, m_i, l_i = _fwd_inner(
-        acc, m_i, l_i, q, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, offs_dv,
-        n_full, visible_end, seqlen_k, causal_offset, qk_scale,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, UPCAST,
+        acc,
+        m_i,
+        l_i,
+        q,
+        k_base,
+        v_base,
+        stride_kt,
+        stride_vt,
+        offs_m,
+        offs_d,
+        offs_dv,
+        n_full,
+        visible_end,
+        seqlen_k,
+        causal_offset,
+        qk_scale,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_V,
+        True,
+        IS_CAUSAL,
+        UPCAST,
     )
 
     has_keys = l_i > 0.0
@@ -283,14 +331,20 @@ def _attention_bwd_preprocess_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     mask = (offs_m < seqlen_q)[:, None] & (offs_dv[None, :] < HEAD_DIM_V)
     o = tl.load(
-        out_ptr + q_start.to(tl.int64) * stride_ot + head * stride_oh
-        + offs_m[:, None] * stride_ot + offs_dv[None, :],
+        out_ptr
+        + q_start.to(tl.int64) * stride_ot
+        + head * stride_oh
+        + offs_m[:, None] * stride_ot
+        + offs_dv[None, :],
         mask=mask,
         other=0.0,
     )  # [BLOCK_M, BLOCK_DV]
     do = tl.load(
-        do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
-        + offs_m[:, None] * stride_dot + offs_dv[None, :],
+        do_ptr
+        + q_start.to(tl.int64) * stride_dot
+        + head * stride_doh
+        + offs_m[:, None] * stride_dot
+        + offs_dv[None, :],
         mask=mask,
         other=0.0,
     )  # [BLOCK_M, BLOCK_DV]
@@ -407,10 +461,28 @@ def _attention_bwd_dkdv_kernel(
     pad_lo, pad_hi = _padding_span(cu_k_ptr, cup_k_ptr, b, num_seqs, num_rows_k)
     dk_head = dk_ptr + kv_head * stride_dkh
     dv_head = dv_ptr + kv_head * stride_dvh
-    _fill_rows(dk_head, stride_dkt, pad_lo + n_block * BLOCK_N, pad_hi, num_n_blocks * BLOCK_N,
-               0.0, HEAD_DIM, BLOCK_D, BLOCK_N)
-    _fill_rows(dv_head, stride_dvt, pad_lo + n_block * BLOCK_N, pad_hi, num_n_blocks * BLOCK_N,
-               0.0, HEAD_DIM_V, BLOCK_DV, BLOCK_N)
+    _fill_rows(
+        dk_head,
+        stride_dkt,
+        pad_lo + n_block * BLOCK_N,
+        pad_hi,
+        num_n_blocks * BLOCK_N,
+        0.0,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_N,
+    )
+    _fill_rows(
+        dv_head,
+        stride_dvt,
+        pad_lo + n_block * BLOCK_N,
+        pad_hi,
+        num_n_blocks * BLOCK_N,
+        0.0,
+        HEAD_DIM_V,
+        BLOCK_DV,
+        BLOCK_N,
+    )
     if b == num_seqs:
         return
     k_start, seqlen_k = _sequence_bounds(cu_k_ptr, cup_k_ptr, b)
@@ -456,25 +528,63 @@ def _attention_bwd_dkdv_kernel(
         lse_base = lse_ptr + head * stride_lse_h + q_start
         delta_base = delta_ptr + head * stride_lse_h + q_start
         dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot,
-            offs_n, offs_d, offs_dv, m_lo, m_full, seqlen_q, causal_offset, qk_scale,
-            BLOCK_M, HEAD_DIM, HEAD_DIM_V, True, UPCAST,
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_base,
+            delta_base,
+            stride_qt,
+            stride_dot,
+            offs_n,
+            offs_d,
+            offs_dv,
+            m_lo,
+            m_full,
+            seqlen_q,
+            causal_offset,
+            qk_scale,
+            BLOCK_M,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            True,
+            UPCAST,
         )
         dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt, stride_dot,
-            offs_n, offs_d, offs_dv, m_full, seqlen_q, seqlen_q, causal_offset, qk_scale,
-            BLOCK_M, HEAD_DIM, HEAD_DIM_V, False, UPCAST,
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_base,
+            delta_base,
+            stride_qt,
+            stride_dot,
+            offs_n,
+            offs_d,
+            offs_dv,
+            m_full,
+            seqlen_q,
+            seqlen_q,
+            causal_offset,
+            qk_scale,
+            BLOCK_M,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            False,
+            UPCAST,
         )
     dk = dk * sm_scale
     tl.store(
-        dk_head + k_start.to(tl.int64) * stride_dkt
-        + offs_n[:, None] * stride_dkt + offs_d[None, :],
+        dk_head + k_start.to(tl.int64) * stride_dkt + offs_n[:, None] * stride_dkt + offs_d[None, :],
         dk.to(dk_ptr.dtype.element_ty),
         mask=mask_n[:, None] & (offs_d[None, :] < HEAD_DIM),
     )
     tl.store(
-        dv_head + k_start.to(tl.int64) * stride_dvt
-        + offs_n[:, None] * stride_dvt + offs_dv[None, :],
+        dv_head + k_start.to(tl.int64) * stride_dvt + offs_n[:, None] * stride_dvt + offs_dv[None, :],
         dv.to(dv_ptr.dtype.element_ty),
         mask=mask_n[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
     )
@@ -577,8 +687,17 @@ def _attention_bwd_dq_kernel(
     num_seqs = tl.num_programs(2) - 1
     pad_lo, pad_hi = _padding_span(cu_q_ptr, cup_q_ptr, b, num_seqs, num_rows_q)
     dq_head = dq_ptr + head * stride_dqh
-    _fill_rows(dq_head, stride_dqt, pad_lo + m_block * BLOCK_M, pad_hi, num_m_blocks * BLOCK_M,
-               0.0, HEAD_DIM, BLOCK_D, BLOCK_M)
+    _fill_rows(
+        dq_head,
+        stride_dqt,
+        pad_lo + m_block * BLOCK_M,
+        pad_hi,
+        num_m_blocks * BLOCK_M,
+        0.0,
+        HEAD_DIM,
+        BLOCK_D,
+        BLOCK_M,
+    )
     if b == num_seqs:
         return
     q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
@@ -620,19 +739,58 @@ def _attention_bwd_dq_kernel(
     full_end = tl.maximum(full_end, 0)
     n_full = (full_end // BLOCK_N) * BLOCK_N
     dq = _dq_inner(
-        dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, offs_dv,
-        0, n_full, seqlen_k, causal_offset, qk_scale,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_V, False, IS_CAUSAL, UPCAST,
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_base,
+        v_base,
+        stride_kt,
+        stride_vt,
+        offs_m,
+        offs_d,
+        offs_dv,
+        0,
+        n_full,
+        seqlen_k,
+        causal_offset,
+        qk_scale,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_V,
+        False,
+        IS_CAUSAL,
+        UPCAST,
     )
     dq = _dq_inner(
-        dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_m, offs_d, offs_dv,
-        n_full, visible_end, seqlen_k, causal_offset, qk_scale,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_V, True, IS_CAUSAL, UPCAST,
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_base,
+        v_base,
+        stride_kt,
+        stride_vt,
+        offs_m,
+        offs_d,
+        offs_dv,
+        n_full,
+        visible_end,
+        seqlen_k,
+        causal_offset,
+        qk_scale,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_V,
+        True,
+        IS_CAUSAL,
+        UPCAST,
     )
     dq = dq * sm_scale
     tl.store(
-        dq_head + q_start.to(tl.int64) * stride_dqt
-        + offs_m[:, None] * stride_dqt + offs_d[None, :],
+        dq_head + q_start.to(tl.int64) * stride_dqt + offs_m[:, None] * stride_dqt + offs_d[None, :],
         dq.to(dq_ptr.dtype.element_ty),
         mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
     )

@@ -50,12 +50,14 @@ _KEY = ["seq_bucket", "HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "GROUP"]
 
 
 def _autotune(configs: list[triton.Config], fn):  # type: ignore[no-untyped-def]
-    return triton.autotune(configs=configs, key=_KEY, prune_configs_by={"early_config_prune": _prune_for_head_dim})(fn)
+    prune = {"early_config_prune": _prune_for_head_dim}
+    return triton.autotune(configs=configs, key=_KEY, prune_configs_by=prune)(fn)
 
 
 _fwd_kernel = _autotune(_FWD_CONFIGS, kernels._attention_fwd_kernel)
 _dkdv_kernel = _autotune(_BWD_CONFIGS, kernels._attention_bwd_dkdv_kernel)
-_dq_kernel = _autotune(_FWD_CONFIGS if _INTERPRET else _BWD_CONFIGS[:1] + _FWD_CONFIGS[:4], kernels._attention_bwd_dq_kernel)
+_DQ_CONFIGS = _FWD_CONFIGS if _INTERPRET else _BWD_CONFIGS[:1] + _FWD_CONFIGS[:4]
+_dq_kernel = _autotune(_DQ_CONFIGS, kernels._attention_bwd_dq_kernel)
 
 
 def _rows_major(x: Tensor) -> Tensor:
@@ -98,11 +100,29 @@ def forward(
         return out, lse
     grid = lambda meta: (max(1, triton.cdiv(max_seqlen_q, meta["BLOCK_M"])), num_heads, num_seqs + 1)
     _fwd_kernel[grid](
-        q, k, v, out, lse, cu_q, cu_kv,
-        cu_q if cup_q is None else cup_q, cu_kv if cup_kv is None else cup_kv, num_rows,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), scale, _seq_bucket(max_seqlen_q),
-        IS_CAUSAL=causal, **_head_meta(q, k, v),
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_q,
+        cu_kv,
+        cu_q if cup_q is None else cup_q,
+        cu_kv if cup_kv is None else cup_kv,
+        num_rows,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0),
+        scale,
+        _seq_bucket(max_seqlen_q),
+        IS_CAUSAL=causal,
+        **_head_meta(q, k, v),
     )
     return out, lse
 
@@ -136,26 +156,79 @@ def backward(
     if num_seqs > 0 and max_seqlen_q > 0 and q.shape[0] > 0:
         pre_block = 64
         kernels._attention_bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre_block), num_heads, num_seqs)](
-            out, do, delta, cu_q, cup_q_,
-            out.stride(0), out.stride(1), do.stride(0), do.stride(1), delta.stride(0),
-            HEAD_DIM_V=v.shape[2], BLOCK_DV=meta["BLOCK_DV"], BLOCK_M=pre_block,
+            out,
+            do,
+            delta,
+            cu_q,
+            cup_q_,
+            out.stride(0),
+            out.stride(1),
+            do.stride(0),
+            do.stride(1),
+            delta.stride(0),
+            HEAD_DIM_V=v.shape[2],
+            BLOCK_DV=meta["BLOCK_DV"],
+            BLOCK_M=pre_block,
         )
     strides_in = (
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        do.stride(0), do.stride(1),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        do.stride(0),
+        do.stride(1),
     )
     if k.shape[0] > 0:
         grid_kv = lambda m: (max(1, triton.cdiv(max_seqlen_kv, m["BLOCK_N"])), num_kv_heads, num_seqs + 1)
         _dkdv_kernel[grid_kv](
-            q, k, v, do, lse, delta, dk, dv, cu_q, cu_kv, cup_q_, cup_kv_, k.shape[0],
-            *strides_in, dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), lse.stride(0),
-            scale, bucket, IS_CAUSAL=causal, **meta,
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            dk,
+            dv,
+            cu_q,
+            cu_kv,
+            cup_q_,
+            cup_kv_,
+            k.shape[0],
+            *strides_in,
+            dk.stride(0),
+            dk.stride(1),
+            dv.stride(0),
+            dv.stride(1),
+            lse.stride(0),
+            scale,
+            bucket,
+            IS_CAUSAL=causal,
+            **meta,
         )
     if q.shape[0] > 0:
         grid_q = lambda m: (max(1, triton.cdiv(max_seqlen_q, m["BLOCK_M"])), num_heads, num_seqs + 1)
         _dq_kernel[grid_q](
-            q, k, v, do, lse, delta, dq, cu_q, cu_kv, cup_q_, cup_kv_, q.shape[0],
-            *strides_in, dq.stride(0), dq.stride(1), lse.stride(0),
-            scale, bucket, IS_CAUSAL=causal, **meta,
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            dq,
+            cu_q,
+            cu_kv,
+            cup_q_,
+            cup_kv_,
+            q.shape[0],
+            *strides_in,
+            dq.stride(0),
+            dq.stride(1),
+            lse.stride(0),
+            scale,
+            bucket,
+            IS_CAUSAL=causal,
+            **meta,
         )
     return dq, dk, dv

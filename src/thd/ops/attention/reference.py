@@ -17,18 +17,14 @@ from torch import Tensor
 __all__ = ["attention", "attention_backward", "attention_forward", "sequence_spans"]
 
 
-def sequence_spans(
-    cu_seqlens: Tensor, cu_seqlens_padded: Tensor | None
-) -> list[tuple[int, int]]:
+def sequence_spans(cu_seqlens: Tensor, cu_seqlens_padded: Tensor | None) -> list[tuple[int, int]]:
     """Host list of ``(start_row, real_length)`` per sequence (one device-to-host copy)."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     starts = (cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded)[:-1].tolist()
     return list(zip(starts, lengths, strict=True))
 
 
-def _sequence_attention(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
-) -> tuple[Tensor, Tensor]:
+def _sequence_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """One sequence in fp32: q [Lq, H, D], k [Lk, H, D], v [Lk, H, Dv] -> out, lse [H, Lq]."""
     lq, lk = q.shape[0], k.shape[0]
     scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
