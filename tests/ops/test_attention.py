@@ -189,9 +189,22 @@ def test_attention_max_seqlen_upper_bound() -> None:
     assert all(torch.equal(a, b) for a, b in zip(tight[2], wide[2], strict=True))
 
 
-@pytest.mark.parametrize("layout", [make_layout("none", []), make_layout("empty", [0, 0], capacity_q=5)])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        make_layout("none", []),
+        make_layout("empty", [0, 0], capacity_q=5),
+        make_layout("no_queries", [0, 0], [5, 3], pad_q=[2, 1], pad_kv=[1, 0], capacity_q=3),
+        make_layout("no_keys", [4, 2], [0, 0], pad_kv=[2, 0], capacity_kv=3),
+    ],
+    ids=lambda lay: lay.name,
+)
 def test_attention_without_real_tokens(layout: Layout) -> None:
-    """No sequences (B = 0) or only empty ones: all zeros, lse -inf, zero gradients."""
+    """No sequences (B = 0), only empty ones, no queries or no keys at all.
+
+    Every max_seqlen is 0 on one side, so a grid sized by it has no programs: the zeros of
+    out/dq/dk/dv and the -inf of lse must come from somewhere else.
+    """
     q, k, v, do = make_qkv(layout, 2, 2, 32, 32, torch.float32)
     if layout.total_q == 0:
         q, k, v, do = (torch.randn(3, 2, 32) for _ in range(4))
