@@ -265,6 +265,47 @@ def test_ring_simulation_matches_reference(cp: int, causal: bool, monkeypatch: p
             )
 
 
+@pytest.mark.parametrize(
+    ("cp", "lens", "slots", "causal"),
+    [
+        (2, (7, 9, 1, 0, 13), (8, 12, 4, 0, 16), True),
+        (2, (40, 3), (40, 8), True),
+        (2, (7, 9, 1, 0, 13), (8, 12, 4, 0, 16), False),
+        (4, (45, 1, 0, 6), (48, 8, 8, 8), True),
+    ],
+    ids=["middle-causal", "short-tail-causal", "middle-full", "cp4-tail-short-causal"],
+)
+def test_ring_simulation_through_triton_kernels(
+    cp: int, lens: tuple[int, ...], slots: tuple[int, ...], causal: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-step offsets and length bounds through the real kernels (interpreter on CPU).
+
+    Odd ranks get the tightened ``max_slot`` bounds, even ranks the plain ``max_seqlen`` ones;
+    NaN in every padding row of the inputs must not change a single bit.
+    """
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "triton")
+    case = Case("kernels", lens, slots)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v, do = _inputs(case, 2, 1, 32, 32, torch.float32, device, cp)
+    out, _, dq, dk, dv = _oracle(case, q, k, v, do, causal)
+    cu, cup = case.cu(device)
+
+    def run(q: Tensor, k: Tensor, v: Tensor, do: Tensor):
+        return simulate_ring_attention(q, k, v, cu, cu, cup, cup, cp_size=cp, causal=causal, do=do)
+
+    sim = run(q, k, v, do)
+    for name, want in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        assert_close(sim.gather(name, cup), want, f"cp={cp}: {name}", **tolerance(torch.float32, "grad"))
+    poisoned = [t.clone() for t in (q, k, v, do)]
+    for t in poisoned:
+        t[case.padding_rows(device)] = float("nan")
+    again = run(*poisoned)
+    for name in ("out", "dq", "dk", "dv"):
+        assert torch.equal(sim.gather(name, cup), again.gather(name, cup)), f"cp={cp}: {name} saw NaN padding"
+
+
 def test_fast_path_counts_are_wrong_with_padding(monkeypatch: pytest.MonkeyPatch) -> None:
     """Why padding must never take ``cu // cp``: spec §2.5's ``[8, 4]`` in ``[8, 8]`` at cp=2."""
     monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")

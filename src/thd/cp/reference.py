@@ -78,6 +78,8 @@ def simulate_ring_attention(
             max_seqlen_q=_max_len(cu_seqlens_q),
             max_seqlen_kv=_max_len(cu_seqlens_kv),
             softmax_scale=scale,
+            max_slot_q=_max_len(cu_seqlens_q_padded) if r % 2 else None,  # both bound paths
+            max_slot_kv=_max_len(cu_seqlens_kv_padded) if r % 2 else None,
         )
         for r in range(cp)
     ]

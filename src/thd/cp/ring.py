@@ -138,13 +138,16 @@ def build_plan(
     max_seqlen_q: int,
     max_seqlen_kv: int,
     softmax_scale: float,
+    max_slot_q: int | None = None,
+    max_slot_kv: int | None = None,
 ) -> RingPlan:
     """Per-step counts, offsets and length bounds of rank ``cp_rank`` (device-side, no sync).
 
     ``cu_seqlens_*`` are the global real counts, ``cu_seqlens_*_padded`` the global slot offsets
-    and ``max_seqlen_*`` the largest global real lengths. With padding the local counts of a
-    slot can reach its full real length, so the bounds stay ``max_seqlen``; without padding
-    every chunk is full and they shrink to ``max_seqlen // cp`` (``// 2cp`` for halves).
+    and ``max_seqlen_*`` the largest global real lengths. Without padding every chunk is full
+    and the per-step bounds are ``max_seqlen // cp`` (``// 2cp`` for halves). With padding a
+    rank can hold a whole short sequence, so the bound is ``max_seqlen`` itself, tightened to
+    ``max_slot // cp`` (``// 2cp``) when the largest slot length ``max_slot_*`` is known.
     """
     cu_q, cu_kv, cup_q, cup_kv = cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
     cp, r = cp_size, cp_rank
@@ -152,9 +155,16 @@ def build_plan(
         step = StepArgs(cu_q, cu_kv, cup_q, cup_kv, max_seqlen_q, max_seqlen_kv, causal)
         return RingPlan(1, 0, pad_between_seqs, True, softmax_scale, (step,), cu_q, cup_q, cu_kv, cup_kv)
     exact = pad_between_seqs
-    full_div, half_div = (1, 1) if exact else (cp, 2 * cp)
-    mq, mq_half = max_seqlen_q // full_div, max_seqlen_q // half_div
-    mkv, mkv_half = max_seqlen_kv // full_div, max_seqlen_kv // half_div
+
+    def bounds(longest: int, slot: int | None) -> tuple[int, int]:
+        if not exact:
+            return longest // cp, longest // (2 * cp)
+        if slot is None:
+            return longest, longest
+        return min(longest, slot // cp), min(longest, slot // (2 * cp))
+
+    mq, mq_half = bounds(max_seqlen_q, max_slot_q)
+    mkv, mkv_half = bounds(max_seqlen_kv, max_slot_kv)
     cupl_q, cupl_kv = local_cu_seqlens_padded(cup_q, cp), local_cu_seqlens_padded(cup_kv, cp)
     full_q = _counts(cu_q, cup_q, cp, r, exact, True, True)
     full_kv = [_counts(cu_kv, cup_kv, cp, j, exact, True, True) if j != r or not causal else full_q
@@ -584,6 +594,8 @@ def ring_attention(
         pad_between_seqs=pad, max_seqlen_q=_resolve_max("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
         max_seqlen_kv=_resolve_max("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
         softmax_scale=float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale),
+        max_slot_q=_max_len(cup_q) if sync_ok and pad and cp > 1 else None,
+        max_slot_kv=_max_len(cup_kv) if sync_ok and pad and cp > 1 else None,
     )  # fmt: skip
     path_counts["single" if cp == 1 else "rank_counts" if plan.exact else "fast"] += 1
     out, lse = RingAttentionFunction.apply(q, k, v, plan, comm, bool(_overlap))
