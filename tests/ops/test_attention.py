@@ -177,6 +177,26 @@ def test_attention_backward_ignores_do_on_padding_rows() -> None:
         assert torch.equal(got, want), f"{name} changed when do's padding rows are NaN"
 
 
+def test_attention_strided_views_of_packed_qkv() -> None:
+    """q, k, v as views of one packed ``[T, 3, H, D]`` projection (row strides 3*H*D) work,
+    give the contiguous result and send gradients into the packed tensor."""
+    layout = LAYOUTS[3]
+    qkv = torch.randn(layout.total_q, 3, 2, 32)
+    qkv = poison_rows(qkv, layout.real_rows("q")).requires_grad_()
+    do = torch.randn(layout.total_q, 2, 32)
+    kwargs = {**layout.kwargs(), "causal": True}
+    out = thd.attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], **kwargs)
+    assert isinstance(out, Tensor), "return_lse=False must return the output tensor alone"
+    out.backward(do)
+    want_out, _, want_grads = _run(
+        thd.attention, *(t.contiguous() for t in qkv.detach().unbind(1)), do, kwargs
+    )
+    assert torch.equal(out.detach(), want_out)
+    assert qkv.grad is not None
+    for i, name in enumerate(("dq", "dk", "dv")):
+        assert torch.equal(qkv.grad[:, i], want_grads[i]), f"{name} differs for strided inputs"
+
+
 def test_attention_max_seqlen_upper_bound() -> None:
     """``max_seqlen_*`` may be any upper bound (e.g. the buffer size, as under CUDA graphs)."""
     layout = LAYOUTS[5]
