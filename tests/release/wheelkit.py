@@ -112,7 +112,3 @@ def install_and_query(venv_dir: Path, wheels: Sequence[Path], dists: Sequence[st
     import json
 
     return json.loads(out.stdout)
-
-
-def snapshot(path: Path) -> bytes:
-    return path.read_bytes()
