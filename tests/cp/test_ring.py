@@ -393,6 +393,14 @@ def _worker_cuda_graph(rank: int, world: int) -> None:
             step()
             q_s.grad = k_s.grad = v_s.grad = None
     torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")  # eager forward+backward: no host sync at all
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    q_s.grad = k_s.grad = v_s.grad = None
+    torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out_s = step()
