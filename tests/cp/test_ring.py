@@ -283,11 +283,11 @@ def test_ring_simulation_through_triton_kernels(
     Odd ranks get the tightened ``max_slot`` bounds, even ranks the plain ``max_seqlen`` ones;
     NaN in every padding row of the inputs must not change a single bit.
     """
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs a GPU or TRITON_INTERPRET=1")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CPU interpreter lane only (the nccl test covers the kernels on GPUs)")
     monkeypatch.setenv("THD_ATTENTION_BACKEND", "triton")
     case = Case("kernels", lens, slots)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cpu"
     q, k, v, do = _inputs(case, 2, 1, 32, 32, torch.float32, device, cp)
     out, _, dq, dk, dv = _oracle(case, q, k, v, do, causal)
     cu, cup = case.cu(device)
