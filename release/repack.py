@@ -16,11 +16,13 @@ import re
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import Tag
 
 from release.errors import Issue, RepackError, WheelVerificationError
 from release.metadata import add_headers, render_wheel_file, replace_header
@@ -93,7 +95,13 @@ def _rename(member: str, old_di: str, new_di: str, old_data: str, new_data: str)
 
 
 def _copy_hashed(
-    src: zipfile.ZipFile, fp, info: zipfile.ZipInfo, writer: ZipWriter, name: str, mode: int, dt, algo: str
+    fp: BinaryIO,
+    info: zipfile.ZipInfo,
+    writer: ZipWriter,
+    name: str,
+    mode: int,
+    dt: tuple[int, ...],
+    algo: str,
 ) -> tuple[str, str]:
     """Copy compressed bytes, hashing the uncompressed stream; return (sha256, input-algo digest)."""
     sha = hashlib.sha256()
@@ -108,7 +116,7 @@ def _copy_hashed(
             other.update(data)
         size += len(data)
 
-    def chunks():
+    def chunks() -> Iterator[bytes]:
         for raw in iter_raw(fp, info):
             if inflater is None:
                 feed(raw)
@@ -197,7 +205,8 @@ def repack_wheel(
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out, zipfile.ZipFile(src) as zf, open(src, "rb") as raw:
-            _write(zf, raw, out, report, order, renamed, name, tagset, wn.raw_build, reqs, epoch, progress)
+            job = _Job(report, order, renamed, name, tagset, wn.raw_build, reqs, epoch, progress)
+            _write(zf, raw, out, job)
             out.flush()
             os.fsync(out.fileno())
         tmp.chmod(0o666 & ~_umask())
@@ -210,7 +219,32 @@ def repack_wheel(
     return RepackResult(src, target, written, plan, out_report, warnings)
 
 
-def _write(zf, raw, out, report, order, renamed, name, tagset, build, reqs, epoch, progress) -> None:
+@dataclass
+class _Job:
+    report: WheelReport
+    order: list[str]
+    renamed: dict[str, str]
+    name: str
+    tagset: frozenset[Tag]
+    build: str
+    requires: list[str]
+    epoch: int | None
+    progress: Progress | None
+
+
+def _edit(member: str, data: bytes, job: _Job) -> bytes:
+    try:
+        if member.endswith("/METADATA"):
+            return add_headers(replace_header(data, "Name", job.name), "Requires-Dist", job.requires)
+        return render_wheel_file(data, job.tagset, job.build)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RepackError(
+            "metadata-invalid", f"{job.report.path.name}: {member}: cannot edit: {exc}"
+        ) from exc
+
+
+def _write(zf: zipfile.ZipFile, raw: BinaryIO, out: BinaryIO, job: _Job) -> None:
+    report, order, renamed, epoch, progress = job.report, job.order, job.renamed, job.epoch, job.progress
     infos = {i.filename: i for i in zf.infolist() if not i.filename.endswith("/")}
     old_di = report.dist_info
     new_di = renamed.get(f"{old_di}/METADATA", "").rsplit("/", 1)[0]
@@ -225,16 +259,12 @@ def _write(zf, raw, out, report, order, renamed, name, tagset, build, reqs, epoc
         dt = dos_date_time(epoch, info.date_time)
         mode = normalized_mode(info.external_attr)
         if member in (f"{old_di}/METADATA", f"{old_di}/WHEEL"):
-            data = zf.read(info)
-            if member.endswith("/METADATA"):
-                data = add_headers(replace_header(data, "Name", name), "Requires-Dist", reqs)
-            else:
-                data = render_wheel_file(data, tagset, build)
+            data = _edit(member, zf.read(info), job)
             writer.add_bytes(new, data, 0o644, dt)
             rows.append(RecordEntry(new, Hash.of_bytes(data), len(data)))
         else:
             expected = report.record[member].hash
-            sha, digest = _copy_hashed(zf, raw, info, writer, new, mode, dt, expected.name)
+            sha, digest = _copy_hashed(raw, info, writer, new, mode, dt, expected.name)
             if digest != expected.value:
                 issues.append(
                     Issue(

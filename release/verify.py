@@ -247,6 +247,10 @@ class _Checker:
             return
         if not meta_version:
             self.err("metadata-invalid", f"{where}: Metadata-Version", "expected a value, got none")
+        for key in ("Name", "Version"):
+            count = len(get_all(data, key))
+            if count > 1:
+                self.err("metadata-invalid", f"{where}: {key}", f"expected one field, got {count}")
         if name is None:
             self.err("name-mismatch", f"{where}: Name", f"expected {wn.name!r}, got no Name field")
         elif canonicalize_name(name) != wn.name:

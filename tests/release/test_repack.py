@@ -16,7 +16,7 @@ from release.errors import RepackError, WheelVerificationError
 from release.metadata import get_all, get_first
 from release.repack import repack_wheel
 from release.verify import verify_wheel
-from tests.release.wheelkit import foo_members, wheel_file, write_zip
+from tests.release.wheelkit import foo_members, record_for, wheel_file, write_zip
 
 TARGET = "py3-none-manylinux_2_28_x86_64"
 DI = "foo-0.3.0.dev0.dist-info"
@@ -293,3 +293,20 @@ def test_zip64_many_members(tmp_path: Path) -> None:  # case 32: ZIP64 end recor
         assert zf.testzip() is None
     proc = subprocess.run([sys.executable, "-m", "wheel", "tags", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_crlf_metadata_keeps_line_ends(make_wheel, tmp_path: Path) -> None:
+    members = foo_members(body="Long\r\ndescription\r\n")
+    members = [
+        (n, d.replace(b"\n", b"\r\n").replace(b"\r\r\n", b"\r\n") if n.endswith("METADATA") else d)
+        for n, d in members
+    ]
+    members = [m for m in members if not m[0].endswith("RECORD")]
+    members.append((f"{DI}/RECORD", record_for(members, f"{DI}/RECORD")))
+    src = make_wheel("foo-0.3.0.dev0-py3-none-any.whl", members)
+    out = repack_wheel(src, name="foo_cu12", tags=TARGET, requires=["bar"], outdir=tmp_path / "o").output
+    meta = read(out, "foo_cu12-0.3.0.dev0.dist-info/METADATA")
+    assert meta.startswith(
+        b"Metadata-Version: 2.1\r\nName: foo_cu12\r\nVersion: 0.3.0.dev0\r\nRequires-Dist: bar\r\n"
+    )
+    assert meta.endswith(b"\r\n\r\nLong\r\ndescription\r\n")

@@ -235,3 +235,8 @@ def test_threaded_hashing_finds_the_same_issues(make_wheel, monkeypatch: pytest.
     threaded = inspect_wheel(path)[1]
     assert threaded == sequential
     assert [i.where for i in threaded] == ["foo/m3.py", "foo/m7.py"]
+
+
+def test_duplicate_name_header(make_wheel) -> None:
+    members = rebuild(foo_members(), {f"{DI}/METADATA": metadata("foo", "0.3.0.dev0", extra=["Name: foo"])})
+    rejected(make_wheel(NAME, members), "metadata-invalid", "expected one field, got 2")
