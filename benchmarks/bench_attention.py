@@ -146,7 +146,7 @@ def flex_provider(p: Problem) -> Attn:
     device = p.q.device
     tokens = sum(p.lengths)
     lengths = torch.tensor(p.lengths, device=device)
-    doc = torch.repeat_interleave(torch.arange(len(p.lengths), device=device), lengths)
+    doc = torch.repeat_interleave(torch.arange(len(p.lengths), device=device, dtype=torch.int32), lengths)
 
     def document_causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
