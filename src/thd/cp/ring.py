@@ -199,7 +199,7 @@ def merge_partials(parts: Sequence[tuple[Tensor, Tensor]], dtype: torch.dtype) -
     ``lse = log(sum_i exp(lse_i))`` and ``out = sum_i exp(lse_i - lse) * out_i``, accumulated
     in fp32 and cast to ``dtype`` once. Rows where every ``lse_i`` is ``-inf`` get ``-inf`` and
     weight 0 everywhere (never NaN), so rows that are exact zeros in every part stay exact
-    zeros. Deferring the merge to the end costs one fp32 pass per part.
+    zeros. Deferring the merge to the end costs about one fp32 pass per part.
     """
     if len(parts) == 1:
         return parts[0][0].to(dtype), parts[0][1]
@@ -210,10 +210,15 @@ def merge_partials(parts: Sequence[tuple[Tensor, Tensor]], dtype: torch.dtype) -
     total = weights.sum(dim=0)  # >= 1 where any part is finite, else 0
     lse = hi + torch.log(total)
     weights *= torch.where(total > 0, total.reciprocal(), 0.0)
-    acc = parts[0][0] * weights[0].t().unsqueeze(-1)  # fp32 by type promotion
-    for (out_i, _), w_i in zip(parts[1:], weights[1:], strict=True):
-        acc.addcmul_(out_i, w_i.t().unsqueeze(-1))
-    return acc.to(dtype), lse
+    scale = [w.t().unsqueeze(-1) for w in weights]  # [T, H, 1] views
+    acc = parts[0][0] * scale[0]  # fp32 by type promotion
+    for (out_i, _), w_i in zip(parts[1:-1], scale[1:-1], strict=True):
+        acc.addcmul_(out_i, w_i)
+    if acc.dtype == dtype:
+        return acc.addcmul_(parts[-1][0], scale[-1]), lse
+    # The last term is added in fp32 and rounded once while writing the output (no fp32 copy).
+    out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
+    return torch.addcmul(acc, parts[-1][0], scale[-1], out=out), lse
 
 
 def _pack_kv(k: Tensor, v: Tensor) -> Tensor:
