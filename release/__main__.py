@@ -141,6 +141,9 @@ def _cmd_release(args: argparse.Namespace, progress: Progress) -> tuple[dict[str
     res = make_release(
         args.project, args.outdir, isolation=args.isolation, flavors=args.flavors, say=progress.step
     )
+    if not args.quiet:
+        for warning in res.warnings:
+            print(f"WARNING: {warning}", file=sys.stderr)
     lines = [f"release {res.version.normalized} -> {res.outdir}"] + [f"  {a['file']}" for a in res.artifacts]
     return res.as_dict(), "\n".join(lines)
 

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -51,6 +51,7 @@ class ReleaseResult:
     version: VersionInfo
     artifacts: list[dict[str, object]]
     manifest: Path | None
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -58,6 +59,7 @@ class ReleaseResult:
             "version": self.version.as_dict(),
             "artifacts": self.artifacts,
             "manifest": str(self.manifest) if self.manifest else None,
+            "warnings": self.warnings,
         }
 
 
@@ -74,11 +76,18 @@ def default_epoch(srcdir: Path) -> int:
     return 315532800
 
 
-def _git_sha(srcdir: Path) -> str | None:
+def _git_state(srcdir: Path) -> dict[str, object]:
+    """``{"commit": sha or None, "dirty": bool or None}`` (tracked files modified?)."""
     with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=srcdir, capture_output=True, check=True)
-        return out.stdout.decode().strip() or None
-    return None
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=srcdir, capture_output=True, check=True)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=srcdir,
+            capture_output=True,
+            check=True,
+        )
+        return {"commit": sha.stdout.decode().strip() or None, "dirty": bool(status.stdout.strip())}
+    return {"commit": None, "dirty": None}
 
 
 def write_metapackage(outdir: Path, table: FlavorTable, version: Version, epoch: int | None) -> Path:
@@ -212,6 +221,10 @@ def make_release(
     if outdir.exists() and any(outdir.iterdir()):
         raise ReleaseError(f"{outdir}: output directory is not empty; expected an empty or new directory")
     epoch = default_epoch(srcdir)
+    git = _git_state(srcdir)
+    warnings = []
+    if git["dirty"]:
+        warnings.append(f"{srcdir}: the git tree has uncommitted changes; they are part of this release")
     outdir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".release-", dir=outdir.parent))
     try:
@@ -248,7 +261,7 @@ def make_release(
             "project": built.project,
             "version": info.as_dict(),
             "source_date_epoch": epoch,
-            "git_commit": _git_sha(srcdir),
+            "git": git,
             "flavors": [
                 {"extra": f.extra, "name": f.name, "tags": f.tags, "requires": list(f.requires)}
                 for f in table.flavors
@@ -264,7 +277,7 @@ def make_release(
         shutil.rmtree(stage, ignore_errors=True)
     for a in artifacts:
         a["path"] = str(outdir / str(a["file"]))
-    return ReleaseResult(outdir, info, artifacts, outdir / "release.json")
+    return ReleaseResult(outdir, info, artifacts, outdir / "release.json", warnings)
 
 
 def _describe(

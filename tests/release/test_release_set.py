@@ -228,3 +228,28 @@ def test_release_is_reproducible(release_dir: Path, tmp_path: Path, monkeypatch:
     make_release(project, tmp_path / "dist")
     for name in EXPECTED[2:3] + EXPECTED[4:]:
         assert (tmp_path / "dist" / name).read_bytes() == (release_dir / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_release_from_git_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    project = project_copy(tmp_path / "p", "2.0")
+    (project / "stray.whl").write_bytes(b"ignored")
+    (project / ".gitignore").write_text("*.whl\nbuild/\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "x", "--date", "@1700000000"]):
+        subprocess.run(
+            [*git, *cmd],
+            cwd=project,
+            check=True,
+            env={"GIT_COMMITTER_DATE": "@1700000000", "PATH": "/usr/bin:/bin"},
+        )
+    (project / "src" / "thd" / "py.typed").write_text("changed\n")
+    res = make_release(project, tmp_path / "dist")
+    manifest = json.loads((tmp_path / "dist" / "release.json").read_text())
+    assert manifest["source_date_epoch"] == 1700000000
+    assert manifest["git"]["dirty"] is True and len(manifest["git"]["commit"]) == 40
+    assert res.warnings and "uncommitted" in res.warnings[0]
+    with zipfile.ZipFile(tmp_path / "dist" / "thd_kernels_cu12-2.0-py3-none-manylinux_2_28_x86_64.whl") as zf:
+        assert not any(n.endswith(".whl") for n in zf.namelist())
+        assert {i.date_time for i in zf.infolist()} == {(2023, 11, 14, 22, 13, 20)}
