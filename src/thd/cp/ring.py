@@ -292,6 +292,8 @@ def _ring_backward(
         dq_i, dk_i, dv_i = plan.steps[j].backward(do, q, k_j, v_j, out, lse, scale)
         if dq_acc is None:  # two parts: one add in q.dtype rounds exactly like an fp32 sum + cast
             dq_acc = dq_i if cp == 2 else dq_i.float()
+        elif i + 1 == cp and dq_acc.dtype != q.dtype:  # last part: round once into q.dtype
+            dq_acc = torch.add(dq_acc, dq_i, out=torch.empty_like(q))
         else:
             dq_acc.add_(dq_i)
         pending.wait()
