@@ -294,6 +294,39 @@ def test_attention_low_level_entry_points_match_reference() -> None:
     _check_padding(layout, out, lse, list(grads))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["causal0", "causal1"])
+@pytest.mark.parametrize(
+    "layout",
+    [*LAYOUTS, CROSS_OFFSETS, make_layout("empty", [0, 0], capacity_q=3), make_layout("none", [])],
+    ids=lambda lay: lay.name,
+)
+def test_attention_cpu_fallback_matches_reference(
+    monkeypatch: pytest.MonkeyPatch, layout: Layout, causal: bool
+) -> None:
+    """The path CPU users get without TRITON_INTERPRET (forced by THD_ATTENTION_BACKEND).
+
+    Forward and the flash-style backward from saved out/lse, through the autograd wiring of
+    ``thd.attention``, against autograd of the reference.
+    """
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
+    q, k, v, do = make_qkv(layout, 4, 2, 32, 64, torch.float32)
+    if layout.total_q == 0:
+        q, do = torch.randn(3, 4, 32), torch.randn(3, 4, 64)
+        k, v = torch.randn(2, 2, 32), torch.randn(2, 2, 64)
+    kwargs = {**layout.kwargs(), "causal": causal}
+    out, lse, grads = _run(thd.attention, q, k, v, do, kwargs)
+    if sum(layout.lens_q) == 0:  # the reference has no grad_fn then (see the reference tests)
+        assert torch.equal(out, torch.zeros_like(out)) and bool((lse == float("-inf")).all())
+        assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+        return
+    ref_out, ref_lse, ref_grads = _run(reference.attention, q, k, v, do, kwargs)
+    assert_close(out, ref_out, "out", **tolerance(torch.float32))
+    assert_close(lse, ref_lse, "lse", **tolerance(torch.float32))
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
+        assert_close(got, want, name, **tolerance(torch.float32, "grad"))
+    _check_padding(layout, out, lse, grads)
+
+
 def test_attention_runs_triton_under_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     """With TRITON_INTERPRET=1, CPU tensors must not fall back to the torch reference."""
 
