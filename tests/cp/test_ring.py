@@ -172,6 +172,9 @@ def _worker_matrix(rank: int, world: int, device: str, scale: int, dtype: torch.
             for heads in _HEADS if case.name in ("nopad", "middle") else _HEADS[:1]:
                 seed += 1
                 _check_case(case, world, rank, None, causal, heads, dtype, device, seed)
+    # Low precision: bf16 shards, fp32 merge, bf16 dq/dk/dv sums.
+    for causal in (True, False):
+        _check_case(cases(world, scale)[3], world, rank, None, causal, _HEADS[0], torch.bfloat16, device, 99)
     # cp = 1 through the same API, on a one-rank subgroup.
     singles = [dist.new_group([r]) for r in range(world)]
     for case in cases(1, scale)[:4]:
