@@ -22,7 +22,8 @@ from packaging.utils import canonicalize_name
 
 from release.errors import BuildFailed, Issue, WheelVerificationError
 from release.metadata import get_first
-from release.verify import WheelReport, check_path, verify_wheel
+from release.safety import check_path
+from release.verify import WheelReport, verify_wheel
 from release.version import VersionInfo, normalize_version, read_version_file
 from release.wheelname import escape_name
 

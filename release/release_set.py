@@ -77,11 +77,11 @@ def default_epoch(srcdir: Path) -> int:
 
 
 def _git_state(srcdir: Path) -> dict[str, object]:
-    """``{"commit": sha or None, "dirty": bool or None}`` (tracked files modified?)."""
+    """``{"commit": sha or None, "dirty": bool or None}`` (uncommitted or untracked files?)."""
     with contextlib.suppress(OSError, subprocess.CalledProcessError):
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=srcdir, capture_output=True, check=True)
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain"],
             cwd=srcdir,
             capture_output=True,
             check=True,
@@ -224,7 +224,9 @@ def make_release(
     git = _git_state(srcdir)
     warnings = []
     if git["dirty"]:
-        warnings.append(f"{srcdir}: the git tree has uncommitted changes; they are part of this release")
+        warnings.append(f"{srcdir}: uncommitted changes or untracked files; they are part of this release")
+    if info.version.epoch:
+        warnings.append(f"{info.source}: version {info.normalized!r} has an epoch; indexes discourage epochs")
     outdir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".release-", dir=outdir.parent))
     try:

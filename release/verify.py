@@ -24,22 +24,12 @@ from packaging.version import InvalidVersion, Version
 from release.errors import Issue, WheelVerificationError
 from release.metadata import get_all, get_first
 from release.record import STRONG_ALGORITHMS, Hash, RecordEntry, RecordParseError, parse_record
+from release.safety import Limits, check_path
 from release.wheelname import WheelName, format_build_tag, parse_wheel_name
 
 __all__ = ["Limits", "WheelReport", "check_path", "inspect_wheel", "verify_wheel"]
 
-_DRIVE_RE = re.compile(r"^[A-Za-z]:")
 _PARALLEL_MIN = 64 << 20  # hash in threads above this many uncompressed bytes
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Zip-bomb guards on declared (and hence enforced) uncompressed sizes."""
-
-    max_total_size: int = 16 << 30
-    max_ratio: float = 200.0
-    ratio_min_size: int = 1 << 20
-    max_members: int = 200_000
 
 
 @dataclass
@@ -71,24 +61,6 @@ class WheelReport:
             "uncompressed_size": self.total_size,
             "warnings": [w.as_dict() for w in self.warnings],
         }
-
-
-def check_path(name: str) -> str | None:
-    """Why an archive path is unsafe, or ``None``."""
-    if "\\" in name:
-        return "contains a backslash"
-    if name.startswith("/"):
-        return "is absolute"
-    if _DRIVE_RE.match(name):
-        return "has a drive letter"
-    if "\x00" in name:
-        return "contains NUL"
-    parts = name.rstrip("/").split("/")
-    if ".." in parts:
-        return "contains '..'"
-    if any(p in ("", ".") for p in parts):
-        return "is not normalized (empty or '.' component)"
-    return None
 
 
 class _Checker:
