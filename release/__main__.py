@@ -1,7 +1,7 @@
 """Command line: ``python -m release {version,build,repack,verify,release,wheel}``.
 
 Exit status 0 on success, 1 on a :class:`ReleaseError` (one ``ERROR:`` line and indented
-issues on stderr), 2 on usage errors. ``--json`` prints one JSON object on stdout.
+issues on stderr), 2 on usage errors (argparse, or an invalid ``--name``/``--tag``/``--requires``). ``--json`` prints one JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="build in an isolated environment (default: this interpreter)",
     )
 
-    parser = argparse.ArgumentParser(prog=prog or "python -m release", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog or "python -m release", description="thd-kernels release tool")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("version", parents=[common, project], help="print the normalized version")
@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         if args.json:
             error = {"code": exc.code, "message": str(exc), "issues": [i.as_dict() for i in exc.issues]}
             print(json.dumps({"ok": False, "command": args.command, "error": error}, indent=2))
-        return 1
+        return 2 if exc.code == "usage" else 1
     if args.json:
         print(json.dumps({"ok": True, "command": args.command, **payload}, indent=2))
     elif text:

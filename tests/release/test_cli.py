@@ -47,6 +47,12 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
 
 
+def test_invalid_repack_arguments_exit_2(foo_wheel: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["repack", str(foo_wheel), "--name", "bad name", "--tag", TARGET]) == 2
+    assert capsys.readouterr().err.startswith("ERROR: repack: invalid project name")
+    assert main(["repack", str(foo_wheel), "--name", "ok", "--tag", "py3-none"]) == 2
+
+
 def test_verify_reports_every_issue(make_wheel, foo_wheel: Path, capsys: pytest.CaptureFixture[str]) -> None:
     members = foo_members()
     members[0] = ("foo/__init__.py", b"VALUE = 2\n")
