@@ -137,7 +137,23 @@ def varlen_provider(p: Problem) -> Attn:
 def _compiled_flex() -> Callable[..., Tensor]:
     from torch.nn.attention.flex_attention import flex_attention
 
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     return torch.compile(flex_attention, dynamic=False)
+
+
+@cache
+def _document_mask(tokens: int, device: str) -> tuple[Tensor, Callable[..., Tensor]]:
+    """One document-id buffer and one ``mask_mod`` per token count.
+
+    Shapes of the same size reuse both (the ids are copied in), so the compiled flex_attention
+    sees the same mask function and is not recompiled for every document mix.
+    """
+    doc = torch.zeros(tokens, dtype=torch.int32, device=device)
+
+    def document_causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    return doc, document_causal
 
 
 def flex_provider(p: Problem) -> Attn:
@@ -145,12 +161,11 @@ def flex_provider(p: Problem) -> Attn:
 
     device = p.q.device
     tokens = sum(p.lengths)
+    doc, document_causal = _document_mask(tokens, str(device))
     lengths = torch.tensor(p.lengths, device=device)
-    doc = torch.repeat_interleave(torch.arange(len(p.lengths), device=device, dtype=torch.int32), lengths)
-
-    def document_causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
-
+    doc.copy_(
+        torch.repeat_interleave(torch.arange(len(p.lengths), device=device, dtype=torch.int32), lengths)
+    )
     block_mask = create_block_mask(document_causal, 1, None, tokens, tokens, device=str(device))
     flex = _compiled_flex()
 
