@@ -1,7 +1,8 @@
 """Command line: ``python -m release {version,build,repack,verify,release,wheel}``.
 
 Exit status 0 on success, 1 on a :class:`ReleaseError` (one ``ERROR:`` line and indented
-issues on stderr), 2 on usage errors (argparse, or an invalid ``--name``/``--tag``/``--requires``). ``--json`` prints one JSON object on stdout.
+issues on stderr), 2 on usage errors (argparse, or an invalid ``--name``/``--tag``/``--requires``).
+``--json`` prints one JSON object on stdout.
 """
 
 from __future__ import annotations
