@@ -1,7 +1,7 @@
 """``thd.attention`` through the Triton interpreter (CPU lane) against ``thd.reference.attention``.
 
-Shapes stay tiny (sequences of at most 40 tokens, 1-2 heads, D 32): the interpreter costs about
-30 ms per 32x32 program iteration. Every case poisons the padding rows of q, k, v with NaN and
+Shapes stay tiny (sequences of at most 40 tokens, 1-4 heads, D 32 or 64): the interpreter runs
+every program one after the other. Every case poisons the padding rows of q, k, v with NaN and
 checks forward (out, lse) and backward (dq, dk, dv) against the reference, then checks the
 exact zeros / -inf on every non-real row.
 """
@@ -54,7 +54,7 @@ LAYOUTS = [
         capacity_kv=5,
     ),
 ]
-# Causal offsets Lk - Lq = 31, 30, 32, -31, 1: every residue class near a 32-row tile edge.
+# Causal offsets Lk - Lq = 31, 30, 32, -31, 1, around the edges of 32-row tiles.
 CROSS_OFFSETS = make_layout(
     "cross_offsets", [2, 10, 5, 40, 39], [33, 40, 37, 9, 40], pad_q=[0, 1, 2, 3, 0], pad_kv=[1, 0, 3, 2, 0]
 )
