@@ -129,7 +129,10 @@ def _copy_hashed(
         if inflater is not None:
             feed(inflater.flush())
 
-    writer.add_raw(info, name, chunks(), mode, dt)
+    try:
+        writer.add_raw(info, name, chunks(), mode, dt)
+    except zlib.error as exc:
+        raise RepackError("bad-zip", f"{info.filename}: cannot inflate the member data: {exc}") from exc
     if size != info.file_size:  # the CRC is checked when the output is verified
         raise RepackError("bad-zip", f"{info.filename}: size does not match the zip directory")
     return (

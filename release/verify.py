@@ -102,7 +102,7 @@ class _Checker:
                 record_name = f"{dist_info}/RECORD"
                 if record_name in files:
                     self.check_record(zf, files, record_name)
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, zlib.error) as exc:
             self.err("bad-zip", "archive", f"expected a readable zip file, got {exc}")
 
     def check_filename(self) -> WheelName | None:
@@ -364,7 +364,7 @@ def _hash_issue(zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: Hash) -> t
         with zf.open(info) as stream:
             while chunk := stream.read(1 << 20):
                 digest.update(chunk)
-    except (zipfile.BadZipFile, zlib.error, ValueError, NotImplementedError) as exc:
+    except (zipfile.BadZipFile, zlib.error, ValueError, NotImplementedError, RuntimeError) as exc:
         return ("bad-zip", info.filename, f"expected readable member data, got {exc}")
     actual = Hash.of_digest(expected.name, digest.digest())
     if actual != expected:

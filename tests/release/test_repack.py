@@ -15,7 +15,7 @@ from packaging.utils import parse_wheel_filename
 from release.errors import RepackError, WheelVerificationError
 from release.metadata import get_all, get_first
 from release.repack import repack_wheel
-from release.verify import verify_wheel
+from release.verify import Limits, verify_wheel
 from tests.release.wheelkit import foo_members, record_for, wheel_file, write_zip
 
 TARGET = "py3-none-manylinux_2_28_x86_64"
@@ -310,3 +310,20 @@ def test_crlf_metadata_keeps_line_ends(make_wheel, tmp_path: Path) -> None:
         b"Metadata-Version: 2.1\r\nName: foo_cu12\r\nVersion: 0.3.0.dev0\r\nRequires-Dist: bar\r\n"
     )
     assert meta.endswith(b"\r\n\r\nLong\r\ndescription\r\n")
+
+
+def test_stored_members_strong_hash_and_compressible_data(tmp_path: Path) -> None:
+    d = tmp_path / "in"
+    d.mkdir()
+    members = foo_members(extra_files=[("foo/zeros.bin", bytes(4 << 20))])
+    rec_name = f"{DI}/RECORD"
+    members[-1] = (rec_name, record_for(members, rec_name, algo="sha512"))
+    src = d / "foo-0.3.0.dev0-py3-none-any.whl"
+    with zipfile.ZipFile(src, "w") as zf:
+        for name, data, *_ in members:
+            method = zipfile.ZIP_DEFLATED if name.endswith(".bin") else zipfile.ZIP_STORED
+            zf.writestr(name, data, compress_type=method)
+    out = repack_wheel(src, name="foo_cu12", tags=TARGET, outdir=tmp_path / "o", limits=Limits(max_ratio=1e6))
+    assert raw_bytes(out.output, "foo/zeros.bin") == raw_bytes(src, "foo/zeros.bin")
+    assert raw_bytes(out.output, "foo/__init__.py") == b"VALUE = 1\n"  # stored stays stored
+    assert b"foo/zeros.bin,sha256=" in read(out.output, "foo_cu12-0.3.0.dev0.dist-info/RECORD")

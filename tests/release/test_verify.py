@@ -6,6 +6,7 @@ byte-identical, and ``repack`` refuses the same input without writing anything.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,62 @@ def test_threaded_hashing_finds_the_same_issues(make_wheel, monkeypatch: pytest.
 def test_duplicate_name_header(make_wheel) -> None:
     members = rebuild(foo_members(), {f"{DI}/METADATA": metadata("foo", "0.3.0.dev0", extra=["Name: foo"])})
     rejected(make_wheel(NAME, members), "metadata-invalid", "expected one field, got 2")
+
+
+@pytest.mark.parametrize(
+    ("meta", "code", "match"),
+    [
+        (b"Name: foo\nVersion: 0.3.0.dev0\n", "metadata-invalid", "Metadata-Version"),
+        (b"Metadata-Version: 2.1\nVersion: 0.3.0.dev0\n", "name-mismatch", "no Name field"),
+        (b"Metadata-Version: 2.1\nName: foo\n", "version-mismatch", "no Version"),
+        (b"Metadata-Version: 2.1\nName: foo\nVersion: latest\n", "version-mismatch", "invalid 'latest'"),
+        (b"Metadata-Version: 2.1\nthis is not a header\n", "metadata-invalid", "RFC 822"),
+    ],
+)
+def test_metadata_fields(make_wheel, meta: bytes, code: str, match: str) -> None:
+    rejected(make_wheel(NAME, rebuild(foo_members(), {f"{DI}/METADATA": meta})), code, match)
+
+
+def test_wheel_file_garbage(make_wheel) -> None:
+    members = rebuild(foo_members(), {f"{DI}/WHEEL": b"Wheel-Version: 1.0\ngarbage\n"})
+    rejected(make_wheel(NAME, members), "wheel-file-invalid")
+
+
+@pytest.mark.parametrize(
+    ("transform", "code"),
+    [
+        (lambda rec: rec + b"bad,row\n", "record-parse"),
+        (lambda rec: rec + rec.splitlines(keepends=True)[0], "record-duplicate"),
+        (lambda rec: rec.replace(rec.split(b",")[1], b"", 1), "record-hash"),
+        (lambda rec: rec.replace(b"RECORD,,", b"RECORD,sha256=x,1"), "record-self"),
+    ],
+)
+def test_record_rows(make_wheel, transform, code: str) -> None:
+    members = foo_members()
+    members[-1] = (members[-1][0], transform(members[-1][1]))
+    rejected(make_wheel(NAME, members), code)
+
+
+def test_corrupt_member_data(make_wheel) -> None:
+    path = make_wheel(NAME)
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("foo/data.bin")
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra) + 8
+    data[start] ^= 0xFF
+    path.write_bytes(bytes(data))
+    rejected(path, "bad-zip", "foo/data.bin")
+
+
+def test_encrypted_flag(make_wheel) -> None:
+    path = make_wheel(NAME)
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("foo/__init__.py")
+    central = data.find(b"PK\x01\x02")
+    while data[central + 46 : central + 46 + len(info.filename)] != info.filename.encode():
+        central = data.find(b"PK\x01\x02", central + 4)
+    data[central + 8] |= 0x1
+    path.write_bytes(bytes(data))
+    _, issues = inspect_wheel(path)
+    assert "encrypted-entry" in {i.code for i in issues}
