@@ -23,7 +23,8 @@ def _prune_for_head_dim(configs: list[triton.Config], named_args: dict, **kwargs
     """Drop tiles whose shared-memory footprint cannot fit for large head dims."""
     head_dim = max(int(kwargs.get("BLOCK_D", 128)), int(kwargs.get("BLOCK_DV", 128)))
     kept = [c for c in configs if head_dim <= 128 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
-    return kept or configs[-1:]
+    kept = kept or configs[-1:]
+    return kept[:1] if os.environ.get("THD_AUTOTUNE", "1") == "0" else kept
 
 
 if _INTERPRET:
@@ -46,6 +47,10 @@ else:
         _config(32, 64, 4, 2),
     ]
 
+if os.environ.get("THD_AUTOTUNE", "1") == "0":  # one good config each: fast compiles for tests
+    _FWD_CONFIGS = [_config(64, 64, 4, 3), _config(64, 32, 4, 2)]
+    _BWD_CONFIGS = [_config(64, 64, 4, 2), _config(32, 64, 4, 2)]
+
 _KEY = ["seq_bucket", "HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "GROUP"]
 
 
@@ -56,7 +61,7 @@ def _autotune(configs: list[triton.Config], fn):  # type: ignore[no-untyped-def]
 
 _fwd_kernel = _autotune(_FWD_CONFIGS, kernels._attention_fwd_kernel)
 _dkdv_kernel = _autotune(_BWD_CONFIGS, kernels._attention_bwd_dkdv_kernel)
-_DQ_CONFIGS = _FWD_CONFIGS if _INTERPRET else _BWD_CONFIGS[:1] + _FWD_CONFIGS[:4]
+_DQ_CONFIGS = _FWD_CONFIGS if _INTERPRET else [_config(128, 64, 8, 3), *_FWD_CONFIGS]
 _dq_kernel = _autotune(_DQ_CONFIGS, kernels._attention_bwd_dq_kernel)
 
 
