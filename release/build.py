@@ -128,7 +128,9 @@ def _build_one(srcdir: Path, dist: str, outdir: Path, isolation: bool, env: Mapp
                 ienv.install(builder.get_requires_for_build(dist))
                 return Path(builder.build(dist, outdir))
         builder = build.ProjectBuilder(srcdir, python_executable=sys.executable, runner=_runner(env))
-        missing = builder.check_dependencies(dist)
+        # [build-system].requires first: an old backend may not even be able to answer the hook.
+        missing = {m for req in builder.build_system_requires for m in build.check_dependency(req)}
+        missing = missing or builder.check_dependencies(dist)
         if missing:
             raise BuildFailed(
                 f"build {dist}: build requirements missing from {sys.executable}: "

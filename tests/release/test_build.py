@@ -136,6 +136,14 @@ def test_missing_build_requirements(tmp_path: Path) -> None:
         build_project(project, tmp_path / "b", sdist=False)
 
 
+def test_old_backend_reported_before_it_runs(tmp_path: Path) -> None:
+    # Like setuptools 65 in a fresh venv: the backend itself fails on this pyproject.toml.
+    project = _fake_project(tmp_path, requires='["thd-no-such-package-xyz>=75.8.1"]')
+    (project / "fakebackend.py").write_text("raise RuntimeError('too old to read this pyproject.toml')\n")
+    with pytest.raises(BuildFailed, match=r"missing .*thd-no-such-package-xyz>=75\.8\.1"):
+        build_project(project, tmp_path / "b", sdist=False)
+
+
 def test_sdist_checks(tmp_path: Path) -> None:
     path = tmp_path / "thd_kernels-1.0.tar.gz"
     with tarfile.open(path, "w:gz") as tar:
