@@ -6,7 +6,8 @@ tests never validate the library with its own index math.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "make_layout",
     "make_qkv",
     "poison_rows",
+    "poisoned_allocations",
     "tolerance",
 ]
 
@@ -248,3 +250,24 @@ def make_qkv(
         k = poison_rows(k, layout.real_rows("kv", device), poison)
         v = poison_rows(v, layout.real_rows("kv", device), poison)
     return q, k, v, do
+
+
+@contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """Inside, ``torch.empty``/``empty_like``/``new_empty`` return NaN-filled memory (ints: max).
+
+    This uses torch's deterministic mode, whose ``fill_uninitialized_memory`` does the filling.
+    A row that an op allocates but forgets to write then fails loudly, instead of passing
+    because fresh memory happened to be zero. Ops without a deterministic implementation raise
+    inside.
+    """
+    previous = torch.are_deterministic_algorithms_enabled()
+    previous_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    previous_fill = torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
+        torch.utils.deterministic.fill_uninitialized_memory = previous_fill  # type: ignore[attr-defined]

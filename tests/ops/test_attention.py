@@ -9,6 +9,7 @@ exact zeros / -inf on every non-real row.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from itertools import product
 from typing import Any
 
@@ -26,6 +27,7 @@ from tests._helpers import (
     make_layout,
     make_qkv,
     poison_rows,
+    poisoned_allocations,
     tolerance,
 )
 from thd.errors import ThdTypeError, ThdValueError
@@ -35,6 +37,14 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
     reason="CPU lane: needs TRITON_INTERPRET=1 so that CPU tensors run the Triton kernels",
 )
+
+
+@pytest.fixture(autouse=True)
+def _poison_fresh_memory() -> Iterator[None]:
+    """Fresh allocations hold NaN, so an output row the kernels never write cannot pass as 0."""
+    with poisoned_allocations():
+        yield
+
 
 LAYOUTS = [
     make_layout("packed", [17, 33, 5]),
