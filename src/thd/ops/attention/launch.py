@@ -19,12 +19,23 @@ def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Confi
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
 
 
-def _prune_for_head_dim(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list:
-    """Drop tiles whose shared-memory footprint cannot fit for large head dims."""
-    head_dim = max(int(kwargs.get("BLOCK_D", 128)), int(kwargs.get("BLOCK_DV", 128)))
-    kept = [c for c in configs if head_dim <= 128 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
-    kept = kept or configs[-1:]
-    return kept[:1] if os.environ.get("THD_AUTOTUNE", "1") == "0" else kept
+def _pruner(max_tile_for_large_head_dim: int):  # type: ignore[no-untyped-def]
+    """Keep only tiles that fit in shared memory when a head dim exceeds 128."""
+
+    def prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
+        head_dim = max(int(kwargs.get("BLOCK_D", 128)), int(kwargs.get("BLOCK_DV", 128)))  # type: ignore[call-overload]
+        kept = [
+            c
+            for c in configs
+            if head_dim <= 128
+            or (
+                c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= max_tile_for_large_head_dim and c.num_stages <= 2
+            )
+        ]
+        kept = kept or [_config(32, 32, 4, 1)]
+        return kept[:1] if os.environ.get("THD_AUTOTUNE", "1") == "0" else kept
+
+    return prune
 
 
 if _INTERPRET:
@@ -37,6 +48,7 @@ else:
         _config(128, 64, 4, 3),
         _config(128, 32, 4, 3),
         _config(64, 64, 4, 3),
+        _config(64, 64, 4, 2),
         _config(64, 32, 4, 2),
     ]
     _BWD_CONFIGS = [
@@ -54,15 +66,15 @@ if os.environ.get("THD_AUTOTUNE", "1") == "0":  # one good config each: fast com
 _KEY = ["seq_bucket", "HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "GROUP"]
 
 
-def _autotune(configs: list[triton.Config], fn):  # type: ignore[no-untyped-def]
-    prune = {"early_config_prune": _prune_for_head_dim}
+def _autotune(configs: list[triton.Config], max_tile: int, fn):  # type: ignore[no-untyped-def]
+    prune = {"early_config_prune": _pruner(max_tile)}
     return triton.autotune(configs=configs, key=_KEY, prune_configs_by=prune)(fn)
 
 
-_fwd_kernel = _autotune(_FWD_CONFIGS, kernels._attention_fwd_kernel)
-_dkdv_kernel = _autotune(_BWD_CONFIGS, kernels._attention_bwd_dkdv_kernel)
+_fwd_kernel = _autotune(_FWD_CONFIGS, 64 * 64, kernels._attention_fwd_kernel)
+_dkdv_kernel = _autotune(_BWD_CONFIGS, 32 * 64, kernels._attention_bwd_dkdv_kernel)
 _DQ_CONFIGS = _FWD_CONFIGS if _INTERPRET else [_config(128, 64, 8, 3), *_FWD_CONFIGS]
-_dq_kernel = _autotune(_DQ_CONFIGS, kernels._attention_bwd_dq_kernel)
+_dq_kernel = _autotune(_DQ_CONFIGS, 64 * 64, kernels._attention_bwd_dq_kernel)
 
 
 def _rows_major(x: Tensor) -> Tensor:
