@@ -15,7 +15,15 @@ import torch
 from torch import Tensor
 
 import thd
-from tests._helpers import Layout, assert_close, assert_rows_equal, make_layout, make_qkv, poison_rows
+from tests._helpers import (
+    Layout,
+    assert_close,
+    assert_rows_equal,
+    make_layout,
+    make_qkv,
+    poison_rows,
+    poisoned_allocations,
+)
 from thd.errors import ThdValueError
 from thd.ops.attention import reference
 
@@ -110,9 +118,12 @@ def test_attention_gpu_matches_reference(
 
 @pytest.mark.parametrize("causal", CAUSAL, ids=["causal0", "causal1"])
 def test_attention_gpu_deterministic_is_bitwise_repeatable(causal: bool) -> None:
+    """Repeated calls agree bitwise; fresh allocations hold NaN, so unwritten rows cannot agree."""
     q, k, v, do = make_qkv(DOCS, 8, 2, 128, 128, torch.bfloat16, DEVICE)
     kwargs = {**DOCS.kwargs(DEVICE), "causal": causal, "deterministic": True}
-    first = _fwd_bwd(thd.attention, [q, k, v], do, kwargs)
+    with poisoned_allocations():
+        first = _fwd_bwd(thd.attention, [q, k, v], do, kwargs)
+    _check_padding(DOCS, first)
     for _ in range(3):
         again = _fwd_bwd(thd.attention, [q, k, v], do, kwargs)
         for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), again, first, strict=True):
@@ -283,7 +294,9 @@ def _check_far_rows(gap: int, heads: int, d: int) -> None:
 def test_attention_gpu_poisoned_padding_changes_nothing() -> None:
     q, k, v, do = make_qkv(CROSS, 8, 2, 128, 128, torch.bfloat16, DEVICE)
     kwargs = {**CROSS.kwargs(DEVICE), "causal": True, "deterministic": True}
-    nan = _fwd_bwd(thd.attention, [q, k, v], do, kwargs)
+    with poisoned_allocations():  # NaN in fresh memory as well as in the padding rows
+        nan = _fwd_bwd(thd.attention, [q, k, v], do, kwargs)
+    _check_padding(CROSS, nan)
     sides = ((q, "q"), (k, "kv"), (v, "kv"))
     garbage = [poison_rows(t, CROSS.real_rows(s, DEVICE), 6e4) for t, s in sides]
     other = _fwd_bwd(thd.attention, garbage, do, kwargs)
