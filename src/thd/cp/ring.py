@@ -40,7 +40,6 @@ from thd._capture import is_capturing
 from thd.cp.comm import RingComm, resolve_group
 from thd.cp.partition import local_cu_seqlens_padded, rank_cu_seqlens
 from thd.errors import ThdDistributedError, ThdError, ThdTypeError, ThdValueError
-from thd.ops.attention import attention_backward, attention_forward
 
 __all__ = ["RingPlan", "StepArgs", "build_plan", "merge_partials", "path_counts", "ring_attention"]
 
@@ -82,6 +81,8 @@ class StepArgs:
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
         """``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``, zeros / ``-inf`` outside this step's rows."""
+        from thd.ops.attention import attention_forward  # on use: keeps `import thd.cp` free of Triton
+
         return attention_forward(
             q, k, v, self.cu_seqlens_q, self.cu_seqlens_kv, self.cu_seqlens_q_padded,
             self.cu_seqlens_kv_padded, self.max_seqlen_q, self.max_seqlen_kv, self.causal, scale,
@@ -91,6 +92,8 @@ class StepArgs:
         self, do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``(dq, dk, dv)`` of this step from the merged ``out`` and ``lse``."""
+        from thd.ops.attention import attention_backward
+
         return attention_backward(
             do, q, k, v, out, lse, self.cu_seqlens_q, self.cu_seqlens_kv, self.cu_seqlens_q_padded,
             self.cu_seqlens_kv_padded, self.max_seqlen_q, self.max_seqlen_kv, self.causal, scale,
