@@ -8,6 +8,7 @@ RELEASE_DEPS := packaging==26.4 build==1.6.1 "wheel>=0.48" "setuptools>=75.8.1"
 TEST_DEPS    := $(TORCH_PIN) triton==3.9.0 numpy pytest pytest-xdist hypothesis ruff \
                 installer check-wheel-contents twine
 OUTDIR      ?= dist
+DEV_OUTDIR  ?= dist-dev
 SHORT_SHA   := $(shell git rev-parse --short HEAD 2>/dev/null)
 
 .PHONY: help setup setup-release test test-gpu test-dist wheel release verify bench bench-cpu lint fmt clean
@@ -35,8 +36,8 @@ test: setup ## all CPU tests (Triton interpreter, gloo), as CI runs them
 test-gpu: ## GPU tests on a CUDA machine (uses the machine's python3)
 	THD_AUTOTUNE=0 PYTHONPATH=src:. $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider $(PYTEST_ARGS) tests
 
-wheel: setup-release ## dev wheel of the default flavor (+g<sha> local label), verified
-	$(PY) -m release wheel --outdir $(OUTDIR) $(if $(SHORT_SHA),--local g$(SHORT_SHA))
+wheel: setup-release ## dev wheel of the default flavor (+g<sha> local label), verified, in dist-dev/
+	$(PY) -m release wheel --outdir $(DEV_OUTDIR) $(if $(SHORT_SHA),--local g$(SHORT_SHA))
 
 release: setup-release ## the full verified release set in dist/
 	$(PY) -m release release --outdir $(OUTDIR)/
@@ -59,4 +60,4 @@ fmt: setup ## ruff format + fix
 	$(PY) -m ruff check --fix src release tests benchmarks
 
 clean: ## remove build outputs (keeps .venv)
-	rm -rf build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf build dist dist-dev src/*.egg-info .pytest_cache .ruff_cache

@@ -10,15 +10,23 @@ Public entry points:
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError
+from importlib.metadata import PackageNotFoundError, packages_distributions
 from importlib.metadata import version as _dist_version
 
 from thd.errors import ThdDistributedError, ThdError, ThdTypeError, ThdValueError
 
-try:
-    __version__: str = _dist_version("thd-kernels")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0+unknown"
+
+def _installed_version() -> str:
+    """Version of the distribution that installed ``thd`` (core wheel or a flavor)."""
+    for name in [*packages_distributions().get("thd", []), "thd-kernels"]:
+        try:
+            return _dist_version(name)
+        except PackageNotFoundError:
+            continue
+    return "0+unknown"  # running from a source tree that is not installed
+
+
+__version__: str = _installed_version()
 
 __all__ = [
     "ThdDistributedError",
