@@ -556,6 +556,8 @@ def ring_attention(
             CUDA graph; otherwise the layout is validated (one device-to-host read and one
             small all-gather that checks the shard shapes of all ranks).
         return_lse: also return the merged log-sum-exp.
+        _overlap: private; ``False`` waits for each exchange before the step's compute (the
+            "no overlap" baseline of ``benchmarks/bench_ring.py``).
 
     Returns:
         ``out [T/cp, Hq, Dv]`` in ``q.dtype`` (exact zeros on padding rows) and, with
