@@ -39,6 +39,8 @@ __all__ = [
 # Backward = 2.5x forward (5 matmuls against 2), so forward+backward = 3.5x (attention-anchors §2.1).
 MODE_FLOP_FACTORS: dict[str, float] = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 QUANTILES = (0.5, 0.2, 0.8)
+# Settings that change what is measured (THD_AUTOTUNE=0 pins one config per kernel).
+_ENV_VARS = ("THD_AUTOTUNE", "THD_ATTENTION_BACKEND", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")
 
 
 def attention_flops(
@@ -164,6 +166,7 @@ def env_fingerprint() -> dict[str, Any]:
         "triton": triton_version,
         "python": platform.python_version(),
         "git_sha": _git_sha(),
+        "env_vars": {k: os.environ[k] for k in _ENV_VARS if k in os.environ},
         "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
