@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +39,7 @@ from thd._capture import is_capturing
 from thd.cp.comm import RingComm, resolve_group
 from thd.cp.partition import local_cu_seqlens_padded, rank_cu_seqlens
 from thd.errors import ThdDistributedError, ThdError, ThdTypeError, ThdValueError
+from thd.ops.lse_merge import merge_partials
 
 __all__ = ["RingPlan", "StepArgs", "build_plan", "merge_partials", "path_counts", "ring_attention"]
 
@@ -194,34 +194,6 @@ def build_plan(
                 )
     return RingPlan(cp, r, pad_between_seqs, exact, softmax_scale, tuple(steps), full_q, cupl_q,
                     full_kv[r], cupl_kv)  # fmt: skip
-
-
-def merge_partials(parts: Sequence[tuple[Tensor, Tensor]], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Log-sum-exp merge of per-step ``(out_i [T, H, Dv], lse_i [H, T] fp32)``: ``(out, lse)``.
-
-    ``lse = log(sum_i exp(lse_i))`` and ``out = sum_i exp(lse_i - lse) * out_i``, accumulated
-    in fp32 and cast to ``dtype`` once. Rows where every ``lse_i`` is ``-inf`` get ``-inf`` and
-    weight 0 everywhere (never NaN), so rows that are exact zeros in every part stay exact
-    zeros. Deferring the merge to the end costs about one fp32 pass per part.
-    """
-    if len(parts) == 1:
-        return parts[0][0].to(dtype), parts[0][1]
-    lses = torch.stack([lse for _, lse in parts])  # [n, H, T]
-    hi = lses.amax(dim=0)
-    hi = hi.masked_fill(hi == float("-inf"), 0.0)
-    weights = torch.exp(lses - hi)  # <= 1; all 0 where every part is -inf
-    total = weights.sum(dim=0)  # >= 1 where any part is finite, else 0
-    lse = hi + torch.log(total)
-    weights *= torch.where(total > 0, total.reciprocal(), 0.0)
-    scale = [w.t().unsqueeze(-1) for w in weights]  # [T, H, 1] views
-    acc = parts[0][0] * scale[0]  # fp32 by type promotion
-    for (out_i, _), w_i in zip(parts[1:-1], scale[1:-1], strict=True):
-        acc.addcmul_(out_i, w_i)
-    if acc.dtype == dtype:
-        return acc.addcmul_(parts[-1][0], scale[-1]), lse
-    # The last term is added in fp32 and rounded once while writing the output (no fp32 copy).
-    out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
-    return torch.addcmul(acc, parts[-1][0], scale[-1], out=out), lse
 
 
 def _pack_kv(k: Tensor, v: Tensor) -> Tensor:
