@@ -38,10 +38,17 @@ __all__ = [
 ]
 
 
+_SUBMODULES = ("cp", "layout", "ops", "padding", "reference")
+
+
 def __getattr__(name: str) -> object:
-    # Imported lazily so that `import thd` stays cheap and Triton is only imported on use.
+    # Imported lazily so that `import thd` stays cheap (no torch, no Triton) until used.
     if name == "attention":
         from thd.ops.attention.interface import attention
 
         return attention
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"thd.{name}")
     raise AttributeError(f"module 'thd' has no attribute {name!r}")

@@ -249,6 +249,22 @@ def test_attention_strided_views_of_packed_qkv() -> None:
         assert torch.equal(qkv.grad[:, i], want_grads[i]), f"{name} differs for strided inputs"
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["causal0", "causal1"])
+def test_attention_max_seqlen_underestimate_is_still_exact(causal: bool) -> None:
+    """A ``max_seqlen`` below the longest real length costs time, never correctness: each
+    program walks the row blocks its grid did not cover (forward, dQ and dK/dV)."""
+    layout = make_layout("long-and-short", [70, 10], pad_q=[2, 0], capacity_q=3)
+    q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32)
+    kwargs = {**layout.kwargs(), "causal": causal}
+    small = {**kwargs, "max_seqlen_q": 16, "max_seqlen_kv": 16}
+    got = _run(thd.attention, q, k, v, do, small)
+    want = _run(reference.attention, q, k, v, do, kwargs)
+    for name, g, w in zip(("out", "lse"), got[:2], want[:2], strict=True):
+        assert_close(g, w, name, **tolerance(torch.float32))
+    for name, g, w in zip(("dq", "dk", "dv"), got[2], want[2], strict=True):
+        assert_close(g, w, name, **tolerance(torch.float32, "grad"))
+
+
 def test_attention_max_seqlen_upper_bound() -> None:
     """``max_seqlen_*`` may be any upper bound (e.g. the buffer size, as under CUDA graphs)."""
     layout = LAYOUTS[5]

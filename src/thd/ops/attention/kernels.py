@@ -9,7 +9,9 @@ causal mask the heaviest tiles of a sequence start first. Padding rows are never
 outputs and gradients, ``-inf`` for ``lse``) into its share of the padding rows of its slot,
 ``[cup[b] + L_b, cup[b+1])``, and the extra sequence index ``B`` covers the tail
 ``[cup[B], T)``. So padding costs work proportional to its size, and no separate cleanup
-launch is needed. Programs whose block starts past the real length then exit.
+launch is needed. Each program then computes row blocks ``first, first + grid0, ...`` of its
+sequence: one block when ``max_seqlen`` bounds the real lengths, more when it does not, so
+an underestimated ``max_seqlen`` costs time, never correctness.
 
 Causal masking is bottom-right aligned: query ``i`` sees key ``j`` iff
 ``j <= i + (Lk - Lq)``.
@@ -186,7 +188,7 @@ def _attention_fwd_kernel(
     BLOCK_N: tl.constexpr,
 ):
     num_m_blocks = tl.num_programs(0)
-    m_block = num_m_blocks - 1 - tl.program_id(0)
+    m_block_first = num_m_blocks - 1 - tl.program_id(0)
     head = tl.program_id(1)
     b = tl.program_id(2)
     num_seqs = tl.num_programs(2) - 1
@@ -196,7 +198,7 @@ def _attention_fwd_kernel(
     _fill_rows(
         out_head,
         stride_ot,
-        pad_lo + m_block * BLOCK_M,
+        pad_lo + m_block_first * BLOCK_M,
         pad_hi,
         num_m_blocks * BLOCK_M,
         0.0,
@@ -205,104 +207,110 @@ def _attention_fwd_kernel(
         BLOCK_M,
     )
     _fill_rows(
-        lse_head, 1, pad_lo + m_block * BLOCK_M, pad_hi, num_m_blocks * BLOCK_M, float("-inf"), 1, 1, BLOCK_M
+        lse_head,
+        1,
+        pad_lo + m_block_first * BLOCK_M,
+        pad_hi,
+        num_m_blocks * BLOCK_M,
+        float("-inf"),
+        1,
+        1,
+        BLOCK_M,
     )
     if b == num_seqs:
         return
     q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
-    if m_block * BLOCK_M >= seqlen_q:
-        return
     k_start, seqlen_k = _sequence_bounds(cu_k_ptr, cup_k_ptr, b)
     causal_offset = seqlen_k - seqlen_q
     kv_head = head // GROUP
+    for m_block in range(m_block_first, tl.cdiv(seqlen_q, BLOCK_M), num_m_blocks):
+        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        mask_m = offs_m < seqlen_q
+        q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
+        k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
+        v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+        q = tl.load(
+            q_base + offs_m[:, None] * stride_qt + offs_d[None, :],
+            mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
+            other=0.0,
+        )  # [BLOCK_M, BLOCK_D]
 
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_m = offs_m < seqlen_q
-    q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
-    k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
-    v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
-    q = tl.load(
-        q_base + offs_m[:, None] * stride_qt + offs_d[None, :],
-        mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )  # [BLOCK_M, BLOCK_D]
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        qk_scale = sm_scale * LOG2E
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    qk_scale = sm_scale * LOG2E
+        # Keys every row of this tile sees (in bounds, unmasked), then the masked remainder.
+        if IS_CAUSAL:
+            full_end = tl.minimum(seqlen_k, m_block * BLOCK_M + causal_offset + 1)
+            visible_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset)
+        else:
+            full_end = seqlen_k
+            visible_end = seqlen_k
+        full_end = tl.maximum(full_end, 0)
+        n_full = (full_end // BLOCK_N) * BLOCK_N
+        acc, m_i, l_i = _fwd_inner(
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            offs_m,
+            offs_d,
+            offs_dv,
+            0,
+            n_full,
+            seqlen_k,
+            causal_offset,
+            qk_scale,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            False,
+            IS_CAUSAL,
+            UPCAST,
+        )
+        acc, m_i, l_i = _fwd_inner(
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            offs_m,
+            offs_d,
+            offs_dv,
+            n_full,
+            visible_end,
+            seqlen_k,
+            causal_offset,
+            qk_scale,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            True,
+            IS_CAUSAL,
+            UPCAST,
+        )
 
-    # Keys every row of this tile sees (in bounds, unmasked), then the masked remainder.
-    if IS_CAUSAL:
-        full_end = tl.minimum(seqlen_k, m_block * BLOCK_M + causal_offset + 1)
-        visible_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset)
-    else:
-        full_end = seqlen_k
-        visible_end = seqlen_k
-    full_end = tl.maximum(full_end, 0)
-    n_full = (full_end // BLOCK_N) * BLOCK_N
-    acc, m_i, l_i = _fwd_inner(
-        acc,
-        m_i,
-        l_i,
-        q,
-        k_base,
-        v_base,
-        stride_kt,
-        stride_vt,
-        offs_m,
-        offs_d,
-        offs_dv,
-        0,
-        n_full,
-        seqlen_k,
-        causal_offset,
-        qk_scale,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_V,
-        False,
-        IS_CAUSAL,
-        UPCAST,
-    )
-    acc, m_i, l_i = _fwd_inner(
-        acc,
-        m_i,
-        l_i,
-        q,
-        k_base,
-        v_base,
-        stride_kt,
-        stride_vt,
-        offs_m,
-        offs_d,
-        offs_dv,
-        n_full,
-        visible_end,
-        seqlen_k,
-        causal_offset,
-        qk_scale,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_V,
-        True,
-        IS_CAUSAL,
-        UPCAST,
-    )
-
-    has_keys = l_i > 0.0
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
-    out_base = out_head + q_start.to(tl.int64) * stride_ot
-    tl.store(
-        out_base + offs_m[:, None] * stride_ot + offs_dv[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=mask_m[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-    )
-    tl.store(lse_head + q_start + offs_m, lse, mask=mask_m)
+        has_keys = l_i > 0.0
+        l_safe = tl.where(has_keys, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+        out_base = out_head + q_start.to(tl.int64) * stride_ot
+        tl.store(
+            out_base + offs_m[:, None] * stride_ot + offs_dv[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=mask_m[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+        )
+        tl.store(lse_head + q_start + offs_m, lse, mask=mask_m)
 
 
 @triton.jit
@@ -321,35 +329,33 @@ def _attention_bwd_preprocess_kernel(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    m_block = tl.program_id(0)
     head = tl.program_id(1)
     b = tl.program_id(2)
     q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
-    if m_block * BLOCK_M >= seqlen_q:
-        return
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask = (offs_m < seqlen_q)[:, None] & (offs_dv[None, :] < HEAD_DIM_V)
-    o = tl.load(
-        out_ptr
-        + q_start.to(tl.int64) * stride_ot
-        + head * stride_oh
-        + offs_m[:, None] * stride_ot
-        + offs_dv[None, :],
-        mask=mask,
-        other=0.0,
-    )  # [BLOCK_M, BLOCK_DV]
-    do = tl.load(
-        do_ptr
-        + q_start.to(tl.int64) * stride_dot
-        + head * stride_doh
-        + offs_m[:, None] * stride_dot
-        + offs_dv[None, :],
-        mask=mask,
-        other=0.0,
-    )  # [BLOCK_M, BLOCK_DV]
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(delta_ptr + head * stride_delta_h + q_start + offs_m, delta, mask=offs_m < seqlen_q)
+    for m_block in range(tl.program_id(0), tl.cdiv(seqlen_q, BLOCK_M), tl.num_programs(0)):
+        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        mask = (offs_m < seqlen_q)[:, None] & (offs_dv[None, :] < HEAD_DIM_V)
+        o = tl.load(
+            out_ptr
+            + q_start.to(tl.int64) * stride_ot
+            + head * stride_oh
+            + offs_m[:, None] * stride_ot
+            + offs_dv[None, :],
+            mask=mask,
+            other=0.0,
+        )  # [BLOCK_M, BLOCK_DV]
+        do = tl.load(
+            do_ptr
+            + q_start.to(tl.int64) * stride_dot
+            + head * stride_doh
+            + offs_m[:, None] * stride_dot
+            + offs_dv[None, :],
+            mask=mask,
+            other=0.0,
+        )  # [BLOCK_M, BLOCK_DV]
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        tl.store(delta_ptr + head * stride_delta_h + q_start + offs_m, delta, mask=offs_m < seqlen_q)
 
 
 @triton.jit
@@ -454,7 +460,7 @@ def _attention_bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,
 ):
     num_n_blocks = tl.num_programs(0)
-    n_block = num_n_blocks - 1 - tl.program_id(0)
+    n_block_first = num_n_blocks - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     b = tl.program_id(2)
     num_seqs = tl.num_programs(2) - 1
@@ -464,7 +470,7 @@ def _attention_bwd_dkdv_kernel(
     _fill_rows(
         dk_head,
         stride_dkt,
-        pad_lo + n_block * BLOCK_N,
+        pad_lo + n_block_first * BLOCK_N,
         pad_hi,
         num_n_blocks * BLOCK_N,
         0.0,
@@ -475,7 +481,7 @@ def _attention_bwd_dkdv_kernel(
     _fill_rows(
         dv_head,
         stride_dvt,
-        pad_lo + n_block * BLOCK_N,
+        pad_lo + n_block_first * BLOCK_N,
         pad_hi,
         num_n_blocks * BLOCK_N,
         0.0,
@@ -486,108 +492,106 @@ def _attention_bwd_dkdv_kernel(
     if b == num_seqs:
         return
     k_start, seqlen_k = _sequence_bounds(cu_k_ptr, cup_k_ptr, b)
-    if n_block * BLOCK_N >= seqlen_k:
-        return
     q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
     causal_offset = seqlen_k - seqlen_q
+    for n_block in range(n_block_first, tl.cdiv(seqlen_k, BLOCK_N), num_n_blocks):
+        offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        mask_n = offs_n < seqlen_k
+        k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
+        v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+        k = tl.load(
+            k_base + offs_n[:, None] * stride_kt + offs_d[None, :],
+            mask=mask_n[:, None] & (offs_d[None, :] < HEAD_DIM),
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        v = tl.load(
+            v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
+            mask=mask_n[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_DV]
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+        qk_scale = sm_scale * LOG2E
 
-    offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_n = offs_n < seqlen_k
-    k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
-    v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
-    k = tl.load(
-        k_base + offs_n[:, None] * stride_kt + offs_d[None, :],
-        mask=mask_n[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )  # [BLOCK_N, BLOCK_D]
-    v = tl.load(
-        v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
-        mask=mask_n[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-        other=0.0,
-    )  # [BLOCK_N, BLOCK_DV]
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    qk_scale = sm_scale * LOG2E
-
-    # Query rows that see some key of this block, and those that see all of them.
-    if IS_CAUSAL:
-        m_lo = tl.maximum(n_block * BLOCK_N - causal_offset, 0)
-        m_lo = (m_lo // BLOCK_M) * BLOCK_M
-        m_full = tl.maximum(n_block * BLOCK_N + BLOCK_N - 1 - causal_offset, 0)
-        m_full = tl.minimum(tl.cdiv(m_full, BLOCK_M) * BLOCK_M, tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
-        m_full = tl.maximum(m_full, m_lo)
-    else:
-        m_lo = 0
-        m_full = 0
-    for g in range(GROUP):
-        head = kv_head * GROUP + g
-        q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
-        do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
-        lse_base = lse_ptr + head * stride_lse_h + q_start
-        delta_base = delta_ptr + head * stride_lse_h + q_start
-        dk, dv = _dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            q_base,
-            do_base,
-            lse_base,
-            delta_base,
-            stride_qt,
-            stride_dot,
-            offs_n,
-            offs_d,
-            offs_dv,
-            m_lo,
-            m_full,
-            seqlen_q,
-            causal_offset,
-            qk_scale,
-            BLOCK_M,
-            HEAD_DIM,
-            HEAD_DIM_V,
-            True,
-            UPCAST,
+        # Query rows that see some key of this block, and those that see all of them.
+        if IS_CAUSAL:
+            m_lo = tl.maximum(n_block * BLOCK_N - causal_offset, 0)
+            m_lo = (m_lo // BLOCK_M) * BLOCK_M
+            m_full = tl.maximum(n_block * BLOCK_N + BLOCK_N - 1 - causal_offset, 0)
+            m_full = tl.minimum(tl.cdiv(m_full, BLOCK_M) * BLOCK_M, tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
+            m_full = tl.maximum(m_full, m_lo)
+        else:
+            m_lo = 0
+            m_full = 0
+        for g in range(GROUP):
+            head = kv_head * GROUP + g
+            q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
+            do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
+            lse_base = lse_ptr + head * stride_lse_h + q_start
+            delta_base = delta_ptr + head * stride_lse_h + q_start
+            dk, dv = _dkdv_inner(
+                dk,
+                dv,
+                k,
+                v,
+                q_base,
+                do_base,
+                lse_base,
+                delta_base,
+                stride_qt,
+                stride_dot,
+                offs_n,
+                offs_d,
+                offs_dv,
+                m_lo,
+                m_full,
+                seqlen_q,
+                causal_offset,
+                qk_scale,
+                BLOCK_M,
+                HEAD_DIM,
+                HEAD_DIM_V,
+                True,
+                UPCAST,
+            )
+            dk, dv = _dkdv_inner(
+                dk,
+                dv,
+                k,
+                v,
+                q_base,
+                do_base,
+                lse_base,
+                delta_base,
+                stride_qt,
+                stride_dot,
+                offs_n,
+                offs_d,
+                offs_dv,
+                m_full,
+                seqlen_q,
+                seqlen_q,
+                causal_offset,
+                qk_scale,
+                BLOCK_M,
+                HEAD_DIM,
+                HEAD_DIM_V,
+                False,
+                UPCAST,
+            )
+        dk = dk * sm_scale
+        tl.store(
+            dk_head + k_start.to(tl.int64) * stride_dkt + offs_n[:, None] * stride_dkt + offs_d[None, :],
+            dk.to(dk_ptr.dtype.element_ty),
+            mask=mask_n[:, None] & (offs_d[None, :] < HEAD_DIM),
         )
-        dk, dv = _dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            q_base,
-            do_base,
-            lse_base,
-            delta_base,
-            stride_qt,
-            stride_dot,
-            offs_n,
-            offs_d,
-            offs_dv,
-            m_full,
-            seqlen_q,
-            seqlen_q,
-            causal_offset,
-            qk_scale,
-            BLOCK_M,
-            HEAD_DIM,
-            HEAD_DIM_V,
-            False,
-            UPCAST,
+        tl.store(
+            dv_head + k_start.to(tl.int64) * stride_dvt + offs_n[:, None] * stride_dvt + offs_dv[None, :],
+            dv.to(dv_ptr.dtype.element_ty),
+            mask=mask_n[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
         )
-    dk = dk * sm_scale
-    tl.store(
-        dk_head + k_start.to(tl.int64) * stride_dkt + offs_n[:, None] * stride_dkt + offs_d[None, :],
-        dk.to(dk_ptr.dtype.element_ty),
-        mask=mask_n[:, None] & (offs_d[None, :] < HEAD_DIM),
-    )
-    tl.store(
-        dv_head + k_start.to(tl.int64) * stride_dvt + offs_n[:, None] * stride_dvt + offs_dv[None, :],
-        dv.to(dv_ptr.dtype.element_ty),
-        mask=mask_n[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-    )
 
 
 @triton.jit
@@ -681,7 +685,7 @@ def _attention_bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
 ):
     num_m_blocks = tl.num_programs(0)
-    m_block = num_m_blocks - 1 - tl.program_id(0)
+    m_block_first = num_m_blocks - 1 - tl.program_id(0)
     head = tl.program_id(1)
     b = tl.program_id(2)
     num_seqs = tl.num_programs(2) - 1
@@ -690,7 +694,7 @@ def _attention_bwd_dq_kernel(
     _fill_rows(
         dq_head,
         stride_dqt,
-        pad_lo + m_block * BLOCK_M,
+        pad_lo + m_block_first * BLOCK_M,
         pad_hi,
         num_m_blocks * BLOCK_M,
         0.0,
@@ -701,96 +705,94 @@ def _attention_bwd_dq_kernel(
     if b == num_seqs:
         return
     q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
-    if m_block * BLOCK_M >= seqlen_q:
-        return
     k_start, seqlen_k = _sequence_bounds(cu_k_ptr, cup_k_ptr, b)
     causal_offset = seqlen_k - seqlen_q
     kv_head = head // GROUP
+    for m_block in range(m_block_first, tl.cdiv(seqlen_q, BLOCK_M), num_m_blocks):
+        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        mask_m = offs_m < seqlen_q
+        q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
+        do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
+        k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
+        v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+        q = tl.load(
+            q_base + offs_m[:, None] * stride_qt + offs_d[None, :],
+            mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
+            other=0.0,
+        )  # [BLOCK_M, BLOCK_D]
+        do = tl.load(
+            do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
+            mask=mask_m[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+            other=0.0,
+        )  # [BLOCK_M, BLOCK_DV]
+        lse = _load_lse(lse_ptr + head * stride_lse_h + q_start, offs_m, seqlen_q)  # [BLOCK_M]
+        delta = tl.load(delta_ptr + head * stride_lse_h + q_start + offs_m, mask=mask_m, other=0.0)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        qk_scale = sm_scale * LOG2E
 
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_m = offs_m < seqlen_q
-    q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
-    do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
-    k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
-    v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
-    q = tl.load(
-        q_base + offs_m[:, None] * stride_qt + offs_d[None, :],
-        mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )  # [BLOCK_M, BLOCK_D]
-    do = tl.load(
-        do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
-        mask=mask_m[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-        other=0.0,
-    )  # [BLOCK_M, BLOCK_DV]
-    lse = _load_lse(lse_ptr + head * stride_lse_h + q_start, offs_m, seqlen_q)  # [BLOCK_M]
-    delta = tl.load(delta_ptr + head * stride_lse_h + q_start + offs_m, mask=mask_m, other=0.0)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    qk_scale = sm_scale * LOG2E
-
-    if IS_CAUSAL:
-        full_end = tl.minimum(seqlen_k, m_block * BLOCK_M + causal_offset + 1)
-        visible_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset)
-    else:
-        full_end = seqlen_k
-        visible_end = seqlen_k
-    full_end = tl.maximum(full_end, 0)
-    n_full = (full_end // BLOCK_N) * BLOCK_N
-    dq = _dq_inner(
-        dq,
-        q,
-        do,
-        lse,
-        delta,
-        k_base,
-        v_base,
-        stride_kt,
-        stride_vt,
-        offs_m,
-        offs_d,
-        offs_dv,
-        0,
-        n_full,
-        seqlen_k,
-        causal_offset,
-        qk_scale,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_V,
-        False,
-        IS_CAUSAL,
-        UPCAST,
-    )
-    dq = _dq_inner(
-        dq,
-        q,
-        do,
-        lse,
-        delta,
-        k_base,
-        v_base,
-        stride_kt,
-        stride_vt,
-        offs_m,
-        offs_d,
-        offs_dv,
-        n_full,
-        visible_end,
-        seqlen_k,
-        causal_offset,
-        qk_scale,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_V,
-        True,
-        IS_CAUSAL,
-        UPCAST,
-    )
-    dq = dq * sm_scale
-    tl.store(
-        dq_head + q_start.to(tl.int64) * stride_dqt + offs_m[:, None] * stride_dqt + offs_d[None, :],
-        dq.to(dq_ptr.dtype.element_ty),
-        mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
-    )
+        if IS_CAUSAL:
+            full_end = tl.minimum(seqlen_k, m_block * BLOCK_M + causal_offset + 1)
+            visible_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset)
+        else:
+            full_end = seqlen_k
+            visible_end = seqlen_k
+        full_end = tl.maximum(full_end, 0)
+        n_full = (full_end // BLOCK_N) * BLOCK_N
+        dq = _dq_inner(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            offs_m,
+            offs_d,
+            offs_dv,
+            0,
+            n_full,
+            seqlen_k,
+            causal_offset,
+            qk_scale,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            False,
+            IS_CAUSAL,
+            UPCAST,
+        )
+        dq = _dq_inner(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            offs_m,
+            offs_d,
+            offs_dv,
+            n_full,
+            visible_end,
+            seqlen_k,
+            causal_offset,
+            qk_scale,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            True,
+            IS_CAUSAL,
+            UPCAST,
+        )
+        dq = dq * sm_scale
+        tl.store(
+            dq_head + q_start.to(tl.int64) * stride_dqt + offs_m[:, None] * stride_dqt + offs_d[None, :],
+            dq.to(dq_ptr.dtype.element_ty),
+            mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
+        )

@@ -24,10 +24,16 @@ def sequence_spans(cu_seqlens: Tensor, cu_seqlens_padded: Tensor | None) -> list
     return list(zip(starts, lengths, strict=True))
 
 
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """fp32 for half types; float64 stays float64 (so gradcheck can use tight tolerances)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def _sequence_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """One sequence in fp32: q [Lq, H, D], k [Lk, H, D], v [Lk, H, Dv] -> out, lse [H, Lq]."""
+    """One sequence: q [Lq, H, D], k [Lk, H, D], v [Lk, H, Dv] -> out, lse [H, Lq]."""
     lq, lk = q.shape[0], k.shape[0]
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
+    ct = _compute_dtype(q)
+    scores = torch.einsum("qhd,khd->hqk", q.to(ct), k.to(ct)) * scale
     if causal:
         rows = torch.arange(lq, device=q.device)[:, None]
         cols = torch.arange(lk, device=q.device)[None, :]
@@ -35,7 +41,7 @@ def _sequence_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: fl
     lse = torch.logsumexp(scores, dim=-1)  # [H, Lq]; -inf where no key is visible
     visible = torch.isfinite(lse)
     probs = torch.where(visible[..., None], torch.exp(scores - lse[..., None]), 0.0)
-    out = torch.einsum("hqk,khd->qhd", probs, v.float())
+    out = torch.einsum("hqk,khd->qhd", probs, v.to(ct))
     return out, lse
 
 
@@ -57,17 +63,25 @@ def attention(
     causal: bool = False,
     softmax_scale: float | None = None,
     return_lse: bool = False,
+    deterministic: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Reference varlen attention, differentiable through autograd.
 
     Same contract as :func:`thd.attention`: ``out [Tq, Hq, Dv]`` in ``q.dtype`` and, with
-    ``return_lse``, ``lse [Hq, Tq]`` in float32. ``max_seqlen_*`` are accepted and ignored.
+    ``return_lse``, ``lse [Hq, Tq]`` in float32 (float64 for float64 inputs). Computes in
+    fp32 (float64 for float64 inputs). ``max_seqlen_*`` and ``deterministic`` are accepted
+    and ignored.
     """
-    del max_seqlen_q, max_seqlen_kv
+    del max_seqlen_q, max_seqlen_kv, deterministic
     num_heads = q.shape[1]
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    out = q.new_zeros(q.shape[0], num_heads, v.shape[-1], dtype=torch.float32)
-    lse = q.new_full((num_heads, q.shape[0]), float("-inf"), dtype=torch.float32)
+    ct = _compute_dtype(q)
+    # A zero-valued anchor tied to q, k, v through empty slices (no element is read, so NaN in
+    # padding rows cannot leak): backward then works, with zero gradients, even when the
+    # batch has no real query row.
+    anchor = (q[:0].sum() + k[:0].sum() + v[:0].sum()).to(ct)
+    out = q.new_zeros(q.shape[0], num_heads, v.shape[-1], dtype=ct) + anchor
+    lse = q.new_full((num_heads, q.shape[0]), float("-inf"), dtype=ct)
     q_spans = sequence_spans(cu_seqlens_q, cu_seqlens_q_padded)
     kv_spans = sequence_spans(cu_seqlens_kv, cu_seqlens_kv_padded)
     for (q0, lq), (k0, lk) in zip(q_spans, kv_spans, strict=True):
@@ -81,6 +95,7 @@ def attention(
         out = out.index_copy(0, rows, o_b)
         lse = lse.index_copy(1, rows, lse_b)
     out = out.to(q.dtype)
+    lse = lse if ct == torch.float64 else lse.float()
     return (out, lse) if return_lse else out
 
 
