@@ -265,6 +265,15 @@ def test_attention_max_seqlen_underestimate_is_still_exact(causal: bool) -> None
         assert_close(g, w, name, **tolerance(torch.float32, "grad"))
 
 
+def test_rejects_bad_layout_values_when_max_seqlen_is_derived() -> None:
+    """Without ``max_seqlen_*`` the device read also validates the layout (slots past T)."""
+    q = k = v = torch.randn(8, 1, 32)
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    cup = torch.tensor([0, 4, 12], dtype=torch.int32)  # slots end at 12 > T = 8
+    with pytest.raises(ThdValueError, match="cu_seqlens_padded"):
+        thd.attention(q, k, v, cu, cu, cu_seqlens_q_padded=cup, cu_seqlens_kv_padded=cup)
+
+
 def test_attention_max_seqlen_upper_bound() -> None:
     """``max_seqlen_*`` may be any upper bound (e.g. the buffer size, as under CUDA graphs)."""
     layout = LAYOUTS[5]

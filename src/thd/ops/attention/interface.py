@@ -19,6 +19,7 @@ from torch import Tensor
 
 from thd._capture import is_capturing
 from thd.errors import ThdTypeError, ThdValueError
+from thd.layout import validate as validate_layout
 from thd.ops.attention import launch, reference
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "AttentionFunction", "attention", "attention_backward", "attention_forward"]
@@ -372,8 +373,11 @@ def attention(
             rows ``[cu_seqlens_q_padded[b], cu_seqlens_q_padded[b] + Lq_b)``. None: no
             padding between slots (offsets equal ``cu_seqlens_q``).
         cu_seqlens_kv_padded: the same for keys/values.
-        max_seqlen_q: largest real query length. Pass it to avoid a device-to-host read;
-            it is required under CUDA-graph capture.
+        max_seqlen_q: largest real query length (any value works; a smaller one only costs
+            time). Pass it to avoid a device-to-host read; it is required under CUDA-graph
+            capture. When either bound is omitted, the read it costs also validates the
+            layouts' values (:func:`thd.layout.validate`); with both given, call
+            :func:`thd.layout.validate` yourself once per batch.
         max_seqlen_kv: largest real key length (same rules).
         causal: bottom-right aligned causal mask: query i sees key j iff
             ``j <= i + Lk_b - Lq_b``.
@@ -399,6 +403,10 @@ def attention(
     del deterministic
     _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     scale = float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale)
+    if (max_seqlen_q is None or max_seqlen_kv is None) and not is_capturing():
+        # A device-to-host read is paid here anyway: check the layouts' values with it.
+        validate_layout(cu_seqlens_q, cu_seqlens_q_padded, num_rows=q.shape[0])
+        validate_layout(cu_seqlens_kv, cu_seqlens_kv_padded, num_rows=k.shape[0])
     max_q = _resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q)
     max_kv = _resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
