@@ -68,20 +68,29 @@ def _check_cu_tensor(fn: str, name: str, t: object) -> Tensor:
     return t
 
 
-def check_cu_metadata(fn: str, cu_seqlens: object, cu_seqlens_padded: object | None) -> None:
-    """Host-only checks (no device read): int32, 1-D, equal shapes, same device."""
-    cu = _check_cu_tensor(fn, "cu_seqlens", cu_seqlens)
+def check_cu_metadata(
+    fn: str,
+    cu_seqlens: object,
+    cu_seqlens_padded: object | None,
+    *,
+    names: tuple[str, str] = ("cu_seqlens", "cu_seqlens_padded"),
+) -> None:
+    """Host-only checks (no device read): int32, 1-D, equal shapes, same device.
+
+    ``names`` are the argument names used in error messages (e.g. ``cu_seqlens_q``).
+    """
+    name, name_padded = names
+    cu = _check_cu_tensor(fn, name, cu_seqlens)
     if cu_seqlens_padded is None:
         return
-    cup = _check_cu_tensor(fn, "cu_seqlens_padded", cu_seqlens_padded)
+    cup = _check_cu_tensor(fn, name_padded, cu_seqlens_padded)
     if cup.shape != cu.shape:
         raise ThdValueError(
-            f"{fn}: cu_seqlens_padded shape: expected {list(cu.shape)} (same as cu_seqlens), "
-            f"got {list(cup.shape)}"
+            f"{fn}: {name_padded} shape: expected {list(cu.shape)} (same as {name}), got {list(cup.shape)}"
         )
     if cup.device != cu.device:
         raise ThdValueError(
-            f"{fn}: cu_seqlens_padded device: expected {cu.device} (same as cu_seqlens), got {cup.device}"
+            f"{fn}: {name_padded} device: expected {cu.device} (same as {name}), got {cup.device}"
         )
 
 

@@ -34,11 +34,11 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from thd import layout as _layout
 from thd._capture import is_capturing
+from thd.cp.checks import check_metadata, check_shards, check_values, max_len, resolve_max_seqlen
 from thd.cp.comm import RingComm, resolve_group
 from thd.cp.partition import local_cu_seqlens_padded, rank_cu_seqlens
-from thd.errors import ThdDistributedError, ThdError, ThdTypeError, ThdValueError
+from thd.errors import ThdError
 from thd.ops.lse_merge import merge_partials
 
 __all__ = ["RingPlan", "StepArgs", "build_plan", "merge_partials", "path_counts", "ring_attention"]
@@ -353,139 +353,6 @@ class RingAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-# ----------------------------------------------------------------------------- validation
-
-
-def _check_metadata(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_q: Tensor,
-    cu_kv: Tensor,
-    cup_q: Tensor | None,
-    cup_kv: Tensor | None,
-    causal: bool,
-    max_q: int | None,
-    max_kv: int | None,
-) -> None:
-    """Host-only checks: types, shapes, dtypes, devices (never reads device memory)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise ThdTypeError(f"{_FN}: {name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ThdValueError(f"{_FN}: {name} shape: expected [T, H, D], got {list(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
-        raise ThdTypeError(
-            f"{_FN}: q, k, v dtypes: expected one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
-        )
-    if k.shape[:2] != v.shape[:2]:
-        raise ThdValueError(
-            f"{_FN}: k and v shard shapes: expected equal [T, H_KV], got {list(k.shape)} and {list(v.shape)}"
-        )
-    if q.shape[2] != k.shape[2]:
-        raise ThdValueError(f"{_FN}: head_dim: q has {q.shape[2]}, k has {k.shape[2]}; expected equal")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ThdValueError(
-            f"{_FN}: heads: expected q heads ({q.shape[1]}) to be a multiple of k/v heads ({k.shape[1]})"
-        )
-    if causal and q.shape[0] != k.shape[0]:
-        raise ThdValueError(
-            f"{_FN}: shard rows: causal ring attention is self-attention, expected q and k/v with the "
-            f"same number of rows, got {q.shape[0]} and {k.shape[0]}"
-        )
-    for side, cu, cup in (("q", cu_q, cup_q), ("kv", cu_kv, cup_kv)):
-        try:
-            _layout.check_cu_metadata(_FN, cu, cup)
-        except ThdError as exc:
-            raise type(exc)(f"{exc} [{side} side]") from None
-        if cu.device != q.device:
-            raise ThdValueError(
-                f"{_FN}: cu_seqlens_{side} device: expected {q.device} (as q), got {cu.device}"
-            )
-    if cu_q.shape != cu_kv.shape:
-        raise ThdValueError(
-            f"{_FN}: cu_seqlens_kv shape: expected {list(cu_q.shape)} (as cu_seqlens_q), "
-            f"got {list(cu_kv.shape)}"
-        )
-    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_kv", max_kv)):
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
-            raise ThdValueError(f"{_FN}: {name}: expected an int >= 0 or None, got {m!r}")
-
-
-def _check_shards(comm: RingComm, q: Tensor, k: Tensor, v: Tensor, error: Exception | None) -> None:
-    """All ranks must pass shards of one shape; a rank whose own checks failed is reported everywhere."""
-    dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-    code = dtypes.index(q.dtype) if q.dtype in dtypes else len(dtypes)
-    mine = torch.tensor([*q.shape, *k.shape, v.shape[2], code, int(error is not None)], device=q.device)
-    gathered = [torch.empty_like(mine) for _ in range(comm.size)]
-    dist.all_gather(gathered, mine, group=comm.group)
-    rows = [t.tolist() for t in gathered]
-    if error is not None:
-        raise error
-    failed = [rank for rank, row in enumerate(rows) if row[-1]]
-    if failed:
-        raise ThdDistributedError(f"{_FN}: group ranks {failed} rejected their arguments (see their errors)")
-    names = "[Tq, Hq, D, Tkv, Hkv, D, Dv, dtype]"
-    for rank, row in enumerate(rows):
-        if row[:-1] != rows[0][:-1]:
-            raise ThdValueError(
-                f"{_FN}: shard shapes differ across the group: rank {rank} has {names} = {row[:-1]}, "
-                f"rank 0 has {rows[0][:-1]}; every rank must pass its thd.cp.partition shard of one batch"
-            )
-
-
-def _check_values(
-    cu_q: Tensor,
-    cu_kv: Tensor,
-    cup_q: Tensor | None,
-    cup_kv: Tensor | None,
-    cp: int,
-    rows_q: int,
-    rows_kv: int,
-    causal: bool,
-    max_q: int | None,
-    max_kv: int | None,
-) -> None:
-    """Value checks (device-to-host reads): layout rules, divisibility by ``2*cp``, causal pairing."""
-    if not _layout.validation_enabled():
-        return
-    for side, cu, cup, rows in (("q", cu_q, cup_q, rows_q), ("kv", cu_kv, cup_kv, rows_kv)):
-        try:
-            _layout.validate(cu, cup, num_rows=rows * cp, cp_size=cp)
-        except ThdValueError as exc:
-            raise ThdValueError(
-                f"{_FN}: {side} layout for a group of cp_size={cp} (shard rows {rows}): {exc}"
-            ) from None
-    if causal and (not torch.equal(cu_q, cu_kv) or not torch.equal(
-        cu_q if cup_q is None else cup_q, cu_kv if cup_kv is None else cup_kv
-    )):  # fmt: skip
-        raise ThdValueError(
-            f"{_FN}: causal ring attention needs identical q and kv layouts "
-            f"(cu_seqlens_q == cu_seqlens_kv and cu_seqlens_q_padded == cu_seqlens_kv_padded)"
-        )
-    for name, cu, m in (("max_seqlen_q", cu_q, max_q), ("max_seqlen_kv", cu_kv, max_kv)):
-        real = _max_len(cu)
-        if m is not None and m < real:
-            raise ThdValueError(
-                f"{_FN}: {name} (={m}) < largest real length ({real}): expected an upper bound"
-            )
-
-
-def _max_len(cu: Tensor) -> int:
-    return int((cu[1:] - cu[:-1]).max().item()) if cu.numel() > 1 else 0
-
-
-def _resolve_max(name: str, cu: Tensor, given: int | None) -> int:
-    if given is not None:
-        return given
-    if is_capturing():
-        raise ThdValueError(
-            f"{_FN}: {name} is None during CUDA-graph capture; pass the largest real sequence "
-            "length (deriving it needs a device-to-host read)"
-        )
-    return _max_len(cu)
-
-
 # ----------------------------------------------------------------------------- public API
 
 
@@ -557,16 +424,16 @@ def ring_attention(
     )
     error: Exception | None = None
     try:
-        _check_metadata(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+        check_metadata(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
                         causal, max_seqlen_q, max_seqlen_kv)  # fmt: skip
     except ThdError as exc:
         error = exc
     if sync_ok and cp > 1:
-        _check_shards(comm, q, k, v, error)
+        check_shards(comm, q, k, v, error)
     elif error is not None:
         raise error
     if sync_ok:
-        _check_values(cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, cp,
+        check_values(cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, cp,
                       q.shape[0], k.shape[0], causal, max_seqlen_q, max_seqlen_kv)  # fmt: skip
     cup_q = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
     cup_kv = cu_seqlens_kv if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded
@@ -575,11 +442,11 @@ def ring_attention(
         pad = _resolve_pad(None, cu_seqlens_kv, cu_seqlens_kv_padded, cp)
     plan = build_plan(
         cu_seqlens_q, cu_seqlens_kv, cup_q, cup_kv, cp_size=cp, cp_rank=comm.rank, causal=bool(causal),
-        pad_between_seqs=pad, max_seqlen_q=_resolve_max("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
-        max_seqlen_kv=_resolve_max("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
+        pad_between_seqs=pad, max_seqlen_q=resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
+        max_seqlen_kv=resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
         softmax_scale=float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale),
-        max_slot_q=_max_len(cup_q) if sync_ok and pad and cp > 1 else None,
-        max_slot_kv=_max_len(cup_kv) if sync_ok and pad and cp > 1 else None,
+        max_slot_q=max_len(cup_q) if sync_ok and pad and cp > 1 else None,
+        max_slot_kv=max_len(cup_kv) if sync_ok and pad and cp > 1 else None,
     )  # fmt: skip
     path_counts["single" if cp == 1 else "rank_counts" if plan.exact else "fast"] += 1
     out, lse = RingAttentionFunction.apply(q, k, v, plan, comm, bool(_overlap))

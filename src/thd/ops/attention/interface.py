@@ -19,13 +19,14 @@ from torch import Tensor
 
 from thd._capture import is_capturing
 from thd.errors import ThdTypeError, ThdValueError
+from thd.layout import check_cu_metadata
 from thd.layout import validate as validate_layout
 from thd.ops.attention import launch, reference
+from thd.ops.attention.checks import check_qkv
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "AttentionFunction", "attention", "attention_backward", "attention_forward"]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _use_triton(x: Tensor) -> bool:
@@ -33,18 +34,6 @@ def _use_triton(x: Tensor) -> bool:
     if forced in ("reference", "triton"):
         return forced == "triton"
     return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _check_cu(fn: str, name: str, cu: Tensor, like: Tensor | None = None) -> None:
-    if cu.dtype != torch.int32:
-        raise ThdTypeError(f"{fn}: {name} dtype: expected torch.int32, got {cu.dtype}")
-    if cu.dim() != 1 or cu.numel() < 1:
-        raise ThdValueError(f"{fn}: {name} shape: expected [B+1] with B >= 0, got {tuple(cu.shape)}")
-    if like is not None and cu.shape != like.shape:
-        raise ThdValueError(
-            f"{fn}: {name} shape: expected {tuple(like.shape)} (one entry per sequence + 1), "
-            f"got {tuple(cu.shape)}"
-        )
 
 
 def _validate(
@@ -58,33 +47,22 @@ def _validate(
 ) -> None:
     """Metadata checks only (shapes, dtypes, devices): they never read device memory."""
     fn = "attention"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 3:
-            raise ThdValueError(f"{fn}: {name} shape: expected [T, H, D], got {tuple(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise ThdTypeError(f"{fn}: {name} dtype: expected one of fp16/bf16/fp32, got {t.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ThdTypeError(f"{fn}: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device == cu_q.device == cu_kv.device):
-        raise ThdValueError(
-            f"{fn}: tensors on different devices: q {q.device}, k {k.device}, v {v.device}, "
-            f"cu_seqlens_q {cu_q.device}, cu_seqlens_kv {cu_kv.device}"
-        )
-    if k.shape[:2] != v.shape[:2]:
-        raise ThdValueError(f"{fn}: k and v rows/heads differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    if q.shape[2] != k.shape[2]:
-        raise ThdValueError(f"{fn}: head_dim of q ({q.shape[2]}) != head_dim of k ({k.shape[2]})")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
-        raise ThdValueError(f"{fn}: q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]})")
+    check_qkv(fn, q, k, v)
+    if q.dtype == torch.float64:
+        raise ThdTypeError(f"{fn}: q dtype: expected fp16/bf16/fp32, got {q.dtype}")
     for name, dim in (("q/k head_dim", q.shape[2]), ("v head_dim", v.shape[2])):
         if dim not in SUPPORTED_HEAD_DIMS:
             raise ThdValueError(f"{fn}: {name}: expected one of {SUPPORTED_HEAD_DIMS}, got {dim}")
-    _check_cu(fn, "cu_seqlens_q", cu_q)
-    _check_cu(fn, "cu_seqlens_kv", cu_kv, cu_q)
-    if cup_q is not None:
-        _check_cu(fn, "cu_seqlens_q_padded", cup_q, cu_q)
-    if cup_kv is not None:
-        _check_cu(fn, "cu_seqlens_kv_padded", cup_kv, cu_q)
+    check_cu_metadata(fn, cu_q, cup_q, names=("cu_seqlens_q", "cu_seqlens_q_padded"))
+    check_cu_metadata(fn, cu_kv, cup_kv, names=("cu_seqlens_kv", "cu_seqlens_kv_padded"))
+    if cu_kv.shape != cu_q.shape:
+        raise ThdValueError(
+            f"{fn}: cu_seqlens_kv shape: expected {list(cu_q.shape)} (as cu_seqlens_q), "
+            f"got {list(cu_kv.shape)}"
+        )
+    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_kv", cu_kv)):
+        if t.device != q.device:
+            raise ThdValueError(f"{fn}: {name} device: expected {q.device} (as q), got {t.device}")
 
 
 def _resolve_max_seqlen(name: str, cu: Tensor, given: int | None) -> int:

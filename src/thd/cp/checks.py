@@ -1,0 +1,130 @@
+"""Argument checks of :func:`thd.cp.ring_attention`: host-only metadata, a cross-rank shard
+check, and value checks that run only where a device-to-host read is allowed."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from thd import layout as _layout
+from thd._capture import is_capturing
+from thd.cp.comm import RingComm
+from thd.errors import ThdDistributedError, ThdError, ThdValueError
+from thd.ops.attention.checks import check_qkv
+
+__all__ = ["check_metadata", "check_shards", "check_values", "max_len", "resolve_max_seqlen"]
+
+_FN = "ring_attention"
+
+
+def check_metadata(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_q: Tensor,
+    cu_kv: Tensor,
+    cup_q: Tensor | None,
+    cup_kv: Tensor | None,
+    causal: bool,
+    max_q: int | None,
+    max_kv: int | None,
+) -> None:
+    """Host-only checks: types, shapes, dtypes, devices (never reads device memory)."""
+    check_qkv(_FN, q, k, v)
+    if causal and q.shape[0] != k.shape[0]:
+        raise ThdValueError(
+            f"{_FN}: shard rows: causal ring attention is self-attention, expected q and k/v with the "
+            f"same number of rows, got {q.shape[0]} and {k.shape[0]}"
+        )
+    for side, cu, cup in (("q", cu_q, cup_q), ("kv", cu_kv, cup_kv)):
+        try:
+            _layout.check_cu_metadata(_FN, cu, cup)
+        except ThdError as exc:
+            raise type(exc)(f"{exc} [{side} side]") from None
+        if cu.device != q.device:
+            raise ThdValueError(
+                f"{_FN}: cu_seqlens_{side} device: expected {q.device} (as q), got {cu.device}"
+            )
+    if cu_q.shape != cu_kv.shape:
+        raise ThdValueError(
+            f"{_FN}: cu_seqlens_kv shape: expected {list(cu_q.shape)} (as cu_seqlens_q), "
+            f"got {list(cu_kv.shape)}"
+        )
+    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_kv", max_kv)):
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
+            raise ThdValueError(f"{_FN}: {name}: expected an int >= 0 or None, got {m!r}")
+
+
+def check_shards(comm: RingComm, q: Tensor, k: Tensor, v: Tensor, error: Exception | None) -> None:
+    """All ranks must pass shards of one shape; a rank whose own checks failed is reported everywhere."""
+    dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    code = dtypes.index(q.dtype) if q.dtype in dtypes else len(dtypes)
+    mine = torch.tensor([*q.shape, *k.shape, v.shape[2], code, int(error is not None)], device=q.device)
+    gathered = [torch.empty_like(mine) for _ in range(comm.size)]
+    dist.all_gather(gathered, mine, group=comm.group)
+    rows = [t.tolist() for t in gathered]
+    if error is not None:
+        raise error
+    failed = [rank for rank, row in enumerate(rows) if row[-1]]
+    if failed:
+        raise ThdDistributedError(f"{_FN}: group ranks {failed} rejected their arguments (see their errors)")
+    names = "[Tq, Hq, D, Tkv, Hkv, D, Dv, dtype]"
+    for rank, row in enumerate(rows):
+        if row[:-1] != rows[0][:-1]:
+            raise ThdValueError(
+                f"{_FN}: shard shapes differ across the group: rank {rank} has {names} = {row[:-1]}, "
+                f"rank 0 has {rows[0][:-1]}; every rank must pass its thd.cp.partition shard of one batch"
+            )
+
+
+def check_values(
+    cu_q: Tensor,
+    cu_kv: Tensor,
+    cup_q: Tensor | None,
+    cup_kv: Tensor | None,
+    cp: int,
+    rows_q: int,
+    rows_kv: int,
+    causal: bool,
+    max_q: int | None,
+    max_kv: int | None,
+) -> None:
+    """Value checks (device-to-host reads): layout rules, divisibility by ``2*cp``, causal pairing."""
+    if not _layout.validation_enabled():
+        return
+    for side, cu, cup, rows in (("q", cu_q, cup_q, rows_q), ("kv", cu_kv, cup_kv, rows_kv)):
+        try:
+            _layout.validate(cu, cup, num_rows=rows * cp, cp_size=cp)
+        except ThdValueError as exc:
+            raise ThdValueError(
+                f"{_FN}: {side} layout for a group of cp_size={cp} (shard rows {rows}): {exc}"
+            ) from None
+    if causal and (not torch.equal(cu_q, cu_kv) or not torch.equal(
+        cu_q if cup_q is None else cup_q, cu_kv if cup_kv is None else cup_kv
+    )):  # fmt: skip
+        raise ThdValueError(
+            f"{_FN}: causal ring attention needs identical q and kv layouts "
+            f"(cu_seqlens_q == cu_seqlens_kv and cu_seqlens_q_padded == cu_seqlens_kv_padded)"
+        )
+    for name, cu, m in (("max_seqlen_q", cu_q, max_q), ("max_seqlen_kv", cu_kv, max_kv)):
+        real = max_len(cu)
+        if m is not None and m < real:
+            raise ThdValueError(
+                f"{_FN}: {name} (={m}) < largest real length ({real}): expected an upper bound"
+            )
+
+
+def max_len(cu: Tensor) -> int:
+    return int((cu[1:] - cu[:-1]).max().item()) if cu.numel() > 1 else 0
+
+
+def resolve_max_seqlen(name: str, cu: Tensor, given: int | None) -> int:
+    if given is not None:
+        return given
+    if is_capturing():
+        raise ThdValueError(
+            f"{_FN}: {name} is None during CUDA-graph capture; pass the largest real sequence "
+            "length (deriving it needs a device-to-host read)"
+        )
+    return max_len(cu)
