@@ -171,3 +171,24 @@ def test_module_entry_point_without_torch(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "1.0\n"
+
+
+def test_repack_json_matches_schema(
+    foo_wheel: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Case 42: ``repack --dry-run --json`` (and the real run) validate against the shipped schema."""
+    import jsonschema
+
+    schema_path = Path(__file__).parents[2] / "release" / "schemas" / "repack.schema.json"
+    schema = json.loads(schema_path.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    out = tmp_path / "out"
+    args = ["repack", str(foo_wheel), "--name", "foo-cu12", "--tag", TARGET, "--outdir", str(out), "--json"]
+    for extra in (["--dry-run"], ["--requires", "bar>=1"]):
+        assert main([*args, *extra]) == 0
+        payload = json.loads(capsys.readouterr().out)
+        jsonschema.validate(payload, schema)
+        assert payload["written"] is (extra[0] != "--dry-run")
+    broken = {**payload, "plan": {**payload["plan"], "tags": ["not a tag"]}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
