@@ -16,12 +16,12 @@ SHORT_SHA   := $(shell git rev-parse --short HEAD 2>/dev/null)
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(VENV)/.stamp-release:
+$(VENV)/.stamp-release: Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(RELEASE_DEPS)
 	touch $@
 
-$(VENV)/.stamp-full: $(VENV)/.stamp-release
+$(VENV)/.stamp-full: $(VENV)/.stamp-release pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check $(TEST_DEPS)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
