@@ -34,7 +34,7 @@ test: setup ## all CPU tests (Triton interpreter, gloo), as CI runs them
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2 -m "not gpu" $(PYTEST_ARGS) tests
 
 test-gpu: ## GPU tests on a CUDA machine (uses the machine's python3)
-	THD_AUTOTUNE=0 PYTHONPATH=src:. $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider $(PYTEST_ARGS) tests
+	THD_AUTOTUNE=0 PYTHONPATH=src:. $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider --ignore=tests/release $(PYTEST_ARGS) tests
 
 wheel: setup-release ## dev wheel of the default flavor (+g<sha> local label), verified, in dist-dev/
 	$(PY) -m release wheel --outdir $(DEV_OUTDIR) $(if $(SHORT_SHA),--local g$(SHORT_SHA))
