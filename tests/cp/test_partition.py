@@ -359,3 +359,22 @@ def test_partition_same_tensor_as_layout_rejects_undivisible_last_slot() -> None
     cu = _i32([0, 8, 13])
     with pytest.raises(ThdValueError, match=r"slot 1 length .* = 5\): expected a multiple of 2\*cp_size = 4"):
         partition_indices(cu, 2, 0)
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
+def test_all_rank_cu_seqlens_matches_per_rank_calls(cp: int) -> None:
+    """The batched table equals rank_cu_seqlens for every rank and half selection."""
+    from thd.cp.partition import all_rank_cu_seqlens
+
+    gen = torch.Generator().manual_seed(cp)
+    lens = torch.randint(0, 40, (9,), generator=gen)
+    lens[3] = 0
+    slots = (lens + torch.randint(0, 3 * cp, (9,), generator=gen) + 2 * cp - 1) // (2 * cp) * (2 * cp)
+    cu = torch.cat((torch.zeros(1, dtype=torch.int64), lens.cumsum(0))).to(torch.int32)
+    cup = torch.cat((torch.zeros(1, dtype=torch.int64), slots.cumsum(0))).to(torch.int32)
+    table = all_rank_cu_seqlens(cu, cup, cp)
+    assert table.dtype == torch.int32 and table.shape == (3, cp, cu.numel())
+    for r in range(cp):
+        for h, (first, second) in enumerate(((True, True), (True, False), (False, True))):
+            want = rank_cu_seqlens(cu, cup, cp, r, first_half=first, second_half=second)
+            assert torch.equal(table[h, r], want), (cp, r, first, second)

@@ -26,6 +26,7 @@ from thd.errors import ThdValueError
 from thd.layout import check_cp, check_cu_metadata, check_layout_values, check_num_rows
 
 __all__ = [
+    "all_rank_cu_seqlens",
     "local_cu_seqlens_padded",
     "partition",
     "partition_indices",
@@ -176,4 +177,28 @@ def rank_cu_seqlens(
         counts += torch.minimum((lengths - (2 * cp_size - 1 - cp_rank) * chunk).clamp_(min=0), chunk)
     out = torch.zeros_like(cu_seqlens)
     torch.cumsum(counts, dim=0, dtype=torch.int32, out=out[1:])
+    return out
+
+
+def all_rank_cu_seqlens(cu_seqlens: Tensor, cu_seqlens_padded: Tensor, cp_size: int) -> Tensor:
+    """:func:`rank_cu_seqlens` of every rank and half in one batched computation.
+
+    Returns int32 ``[3, cp_size, B+1]``: index 0 both halves, 1 the first half only, 2 the
+    second half only; ``out[h, r]`` equals ``rank_cu_seqlens(..., cp_size, r, ...)`` for that
+    selection. A handful of kernel launches however large ``cp_size`` is (the ring builds its
+    whole plan from it). Device-side, capture-safe.
+    """
+    fn = "all_rank_cu_seqlens"
+    check_cu_metadata(fn, cu_seqlens, cu_seqlens_padded)
+    check_cp(fn, cp_size)
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1])[None, :]  # [1, B]
+    chunk = torch.div(cu_seqlens_padded[1:] - cu_seqlens_padded[:-1], 2 * cp_size, rounding_mode="floor")[
+        None, :
+    ]
+    ranks = torch.arange(cp_size, device=cu_seqlens.device, dtype=cu_seqlens.dtype)[:, None]  # [cp, 1]
+    first = torch.minimum((lengths - ranks * chunk).clamp_(min=0), chunk)  # [cp, B]
+    second = torch.minimum((lengths - (2 * cp_size - 1 - ranks) * chunk).clamp_(min=0), chunk)
+    counts = torch.stack((first + second, first, second))  # [3, cp, B]
+    out = cu_seqlens.new_zeros(3, cp_size, cu_seqlens.shape[0])
+    torch.cumsum(counts, dim=2, dtype=torch.int32, out=out[:, :, 1:])
     return out

@@ -37,7 +37,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from thd._capture import is_capturing
 from thd.cp.checks import check_metadata, check_shards, check_values, max_len, resolve_max_seqlen
 from thd.cp.comm import RingComm, resolve_group
-from thd.cp.partition import local_cu_seqlens_padded, rank_cu_seqlens
+from thd.cp.partition import all_rank_cu_seqlens, local_cu_seqlens_padded
 from thd.errors import ThdError
 from thd.ops.lse_merge import merge_partials
 
@@ -121,11 +121,17 @@ class RingPlan:
     cu_seqlens_kv_padded_local: Tensor
 
 
-def _counts(cu: Tensor, cup: Tensor, cp: int, rank: int, exact: bool, first: bool, second: bool) -> Tensor:
+def _count_table(cu: Tensor, cup: Tensor, cp: int, exact: bool) -> Tensor:
+    """int32 ``[3, cp, B+1]`` real counts per (both/first/second half, rank), in one batch.
+
+    Exact: :func:`thd.cp.partition.all_rank_cu_seqlens`. Fast path (only taken without any
+    padding, where it is exact): every chunk is full, so ``cu // cp`` and ``cu // 2cp``.
+    """
     if exact:
-        return rank_cu_seqlens(cu, cup, cp, rank, first_half=first, second_half=second)
-    parts = cp if (first and second) else 2 * cp
-    return torch.div(cu, parts, rounding_mode="floor")
+        return all_rank_cu_seqlens(cu, cup, cp)
+    full = torch.div(cu, cp, rounding_mode="floor")
+    half = torch.div(cu, 2 * cp, rounding_mode="floor")
+    return torch.stack((full, half, half))[:, None, :].expand(3, cp, cu.shape[0])
 
 
 def build_plan(
@@ -169,15 +175,16 @@ def build_plan(
     mq, mq_half = bounds(max_seqlen_q, max_slot_q)
     mkv, mkv_half = bounds(max_seqlen_kv, max_slot_kv)
     cupl_q, cupl_kv = local_cu_seqlens_padded(cup_q, cp), local_cu_seqlens_padded(cup_kv, cp)
-    full_q = _counts(cu_q, cup_q, cp, r, exact, True, True)
-    full_kv = [_counts(cu_kv, cup_kv, cp, j, exact, True, True) if j != r or not causal else full_q
-               for j in range(cp)]  # fmt: skip
+    table_q = _count_table(cu_q, cup_q, cp, exact)
+    table_kv = table_q if cu_kv is cu_q and cup_kv is cup_q else _count_table(cu_kv, cup_kv, cp, exact)
+    full_q = table_q[0, r]
+    full_kv = [table_kv[0, j] for j in range(cp)]
     steps: list[StepArgs] = []
     if not causal:
         steps = [StepArgs(full_q, full_kv[j], cupl_q, cupl_kv, mq, mkv, False) for j in range(cp)]
     else:
         zero = cu_q.new_zeros(1)
-        second_q = torch.cat((zero, _counts(cu_q, cup_q, cp, r, exact, False, True)))
+        second_q = torch.cat((zero, table_q[2, r]))
         half_starts = torch.div(cupl_q[:-1] + cupl_q[1:], 2, rounding_mode="floor")
         second_q_padded = torch.cat((zero, half_starts, cupl_q[-1:]))
         kv_padded_shifted = torch.cat((zero, cupl_kv))
@@ -185,7 +192,7 @@ def build_plan(
             if j == r:
                 steps.append(StepArgs(full_q, full_q, cupl_q, cupl_kv, mq, mkv, True))
             elif j < r:
-                first_kv = _counts(cu_kv, cup_kv, cp, j, exact, True, False)
+                first_kv = table_kv[1, j]
                 steps.append(StepArgs(full_q, first_kv, cupl_q, cupl_kv, mq, mkv_half, False))
             else:
                 kv_counts = torch.cat((zero, full_kv[j]))
