@@ -200,7 +200,7 @@ def test_zero_padding_valid_end_with_slot_padding() -> None:
 def test_zero_padding_torch_fallback_matches_oracle(
     cu: list[int], cup: list[int], num_rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(interface, "_interpreting", lambda: False)  # plain CPU: no Triton
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # plain CPU: no Triton
     monkeypatch.setattr(interface, "_launch", lambda *a: pytest.fail("kernel launched"))
     real = _real_rows(cu, cup, num_rows)
     for pad in (True, False):

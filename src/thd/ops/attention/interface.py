@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from thd._capture import is_capturing
+from thd._triton import runs_triton
 from thd.errors import ThdTypeError, ThdValueError
 from thd.layout import check_cu_metadata
 from thd.layout import validate as validate_layout
@@ -33,7 +34,7 @@ def _use_triton(x: Tensor) -> bool:
     forced = os.environ.get("THD_ATTENTION_BACKEND", "").lower()
     if forced in ("reference", "triton"):
         return forced == "triton"
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return runs_triton(x)
 
 
 def _validate(
@@ -266,26 +267,19 @@ def _setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
     ctx.mark_non_differentiable(lse)
 
 
+def _grads_from_ctx(ctx, dout: Tensor, backward_fn) -> tuple:  # type: ignore[no-untyped-def]
+    """Gradients of the 11 forward inputs from the saved context (lse carries no gradient)."""
+    q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv = ctx.saved_tensors
+    dq, dk, dv = backward_fn(
+        dout, q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv,
+        ctx.max_seqlens[0], ctx.max_seqlens[1], ctx.causal, ctx.scale,
+    )  # fmt: skip
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
 def _backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def]
     del dlse  # lse is an auxiliary output; it carries no gradient
-    q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv = ctx.saved_tensors
-    dq, dk, dv = _attention_bwd_op(
-        dout.contiguous(),
-        q,
-        k,
-        v,
-        out,
-        lse,
-        cu_q,
-        cu_kv,
-        cup_q,
-        cup_kv,
-        ctx.max_seqlens[0],
-        ctx.max_seqlens[1],
-        ctx.causal,
-        ctx.scale,
-    )
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return _grads_from_ctx(ctx, dout.contiguous(), _attention_bwd_op)
 
 
 _attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -303,24 +297,7 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def]
         del dlse
-        q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv = ctx.saved_tensors
-        dq, dk, dv = attention_backward(
-            dout,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            cu_q,
-            cu_kv,
-            cup_q,
-            cup_kv,
-            ctx.max_seqlens[0],
-            ctx.max_seqlens[1],
-            ctx.causal,
-            ctx.scale,
-        )
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return _grads_from_ctx(ctx, dout, attention_backward)
 
 
 def attention(

@@ -12,7 +12,9 @@ from thd.ops.attention import kernels
 
 __all__ = ["backward", "forward"]
 
+# Read once at import, as Triton decides interpreter vs compiler when kernels are decorated.
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_AUTOTUNE = os.environ.get("THD_AUTOTUNE", "1") != "0"
 
 
 def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
@@ -33,7 +35,7 @@ def _pruner(max_tile_for_large_head_dim: int):  # type: ignore[no-untyped-def]
             )
         ]
         kept = kept or [_config(32, 32, 4, 1)]
-        return kept[:1] if os.environ.get("THD_AUTOTUNE", "1") == "0" else kept
+        return kept if _AUTOTUNE else kept[:1]
 
     return prune
 
@@ -59,7 +61,7 @@ else:
         _config(32, 64, 4, 2),
     ]
 
-if os.environ.get("THD_AUTOTUNE", "1") == "0":  # one good config each: fast compiles for tests
+if not _AUTOTUNE:  # one good config each: fast compiles for tests
     _FWD_CONFIGS = [_config(64, 64, 4, 3), _config(64, 32, 4, 2)]
     _BWD_CONFIGS = [_config(64, 64, 4, 2), _config(32, 64, 4, 2)]
 

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from thd._triton import runs_triton
 from thd.ops.lse_merge.reference import merge_partials_reference
 
 __all__ = ["merge_partials"]
-
-
-def _use_triton(x: Tensor) -> bool:
-    return x.is_cuda or (x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def _merge_two(
@@ -53,7 +49,7 @@ def merge_partials(parts: Sequence[tuple[Tensor, Tensor]], dtype: torch.dtype) -
     """
     if len(parts) == 1:
         return parts[0][0].to(dtype), parts[0][1]
-    if not _use_triton(parts[0][0]):
+    if not runs_triton(parts[0][0]):
         return merge_partials_reference(parts, dtype)
     acc = parts[0]
     for i, part in enumerate(parts[1:], start=2):

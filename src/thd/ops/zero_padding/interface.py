@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from torch import Tensor
 
+from thd._triton import interpreting, runs_triton
 from thd.errors import ThdTypeError, ThdValueError
 from thd.layout import check_cu_metadata
 from thd.ops.zero_padding.reference import zero_padding_masked_
@@ -34,11 +34,6 @@ _BLOCK = 4096  # elements written per program iteration on the GPU
 # The interpreter runs programs one after another: few programs, big blocks (tests may lower them).
 _INTERPRETER_BLOCK = 1024
 _INTERPRETER_PROGRAMS = 1
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # read once, like Triton itself
-
-
-def _interpreting() -> bool:
-    return _INTERPRET
 
 
 @functools.lru_cache(maxsize=16)
@@ -62,7 +57,7 @@ def _rows_contiguous(x: Tensor) -> bool:
 
 def _kernel_view(x: Tensor) -> Tensor | None:
     """``x`` (or a same-size integer view of it) if the Triton kernel can zero it, else None."""
-    if not (x.is_cuda or (_interpreting() and x.device.type == "cpu")):
+    if not runs_triton(x):
         return None
     if not (x.is_contiguous() or _rows_contiguous(x)):
         return None
@@ -82,7 +77,7 @@ def _launch(x: Tensor, cu: Tensor, cup: Tensor, pad_between_seqs: bool) -> None:
     num_seqs = cu.shape[0] - 1
     num_slots = num_seqs if pad_between_seqs else 0
     is_flat = x.stride(0) == row_width or x.is_contiguous()
-    if _interpreting():
+    if interpreting():
         block, target = _INTERPRETER_BLOCK, _INTERPRETER_PROGRAMS
     else:
         block, target = _BLOCK, _TARGET_PROGRAMS_PER_SM * _num_sms(x.device.index or 0)
