@@ -10,23 +10,26 @@ Public entry points:
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, packages_distributions
-from importlib.metadata import version as _dist_version
+import functools
 
 from thd.errors import ThdDistributedError, ThdError, ThdTypeError, ThdValueError
 
 
+@functools.cache
 def _installed_version() -> str:
-    """Version of the distribution that installed ``thd`` (core wheel or a flavor)."""
-    for name in [*packages_distributions().get("thd", []), "thd-kernels"]:
+    """Version of the distribution that installed ``thd``: the core wheel (or metapackage),
+    else a flavor wheel such as ``thd-kernels-cu12``. Looked up on first access only: the
+    fallback scans every installed distribution."""
+    from importlib.metadata import PackageNotFoundError, packages_distributions
+    from importlib.metadata import version as dist_version
+
+    for name in ["thd-kernels", *packages_distributions().get("thd", [])]:
         try:
-            return _dist_version(name)
+            return dist_version(name)
         except PackageNotFoundError:
             continue
     return "0+unknown"  # running from a source tree that is not installed
 
-
-__version__: str = _installed_version()
 
 __all__ = [
     "ThdDistributedError",
@@ -42,7 +45,9 @@ _SUBMODULES = ("cp", "layout", "ops", "padding", "reference")
 
 
 def __getattr__(name: str) -> object:
-    # Imported lazily so that `import thd` stays cheap (no torch, no Triton) until used.
+    # Resolved lazily so that `import thd` stays cheap (no torch, no Triton, no metadata scan).
+    if name == "__version__":
+        return _installed_version()
     if name == "attention":
         from thd.ops.attention.interface import attention
 
