@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -25,6 +26,29 @@ def _seed() -> None:
     except ImportError:
         return
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def no_host_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every device-to-host read raise, as it would be illegal under capture."""
+    import torch
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("host read of device data")
+
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__index__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, boom)
+    monkeypatch.setattr(torch, "equal", boom)
+
+
+@pytest.fixture
+def fresh_detection_cache() -> Iterator[None]:
+    """An empty padding-detection cache (and counters) before and after the test."""
+    from thd.padding import clear_detection_cache
+
+    clear_detection_cache()
+    yield
+    clear_detection_cache()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

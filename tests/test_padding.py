@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -29,28 +28,14 @@ def _i32(values: list[int], device: str = "cpu") -> torch.Tensor:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cache() -> Iterator[None]:
-    clear_detection_cache()
-    yield
-    clear_detection_cache()
+def _fresh_cache(fresh_detection_cache: None) -> None:
+    """Every test starts with an empty detection cache."""
 
 
 @pytest.fixture
 def capturing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pretend a CUDA graph is being captured."""
     monkeypatch.setattr(thd._capture, "is_capturing", lambda: True)
-
-
-@pytest.fixture
-def no_host_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make every device-to-host read raise, as it would be illegal under capture."""
-
-    def boom(*args: object, **kwargs: object) -> None:
-        raise AssertionError("host read of device data")
-
-    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__index__", "__float__"):
-        monkeypatch.setattr(torch.Tensor, name, boom)
-    monkeypatch.setattr(torch, "equal", boom)
 
 
 def _stats() -> tuple[int, int, int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import thd._capture
 import thd.ops.zero_padding.interface as interface
 from thd.errors import ThdTypeError, ThdValueError
 from thd.ops.zero_padding.reference import zero_padding_masked_, zero_padding_reference
-from thd.padding import clear_detection_cache, detect_pad_between_seqs, detection_stats, zero_padding_
+from thd.padding import detect_pad_between_seqs, detection_stats, zero_padding_
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 needs_interpreter = pytest.mark.skipif(not INTERPRETED, reason="Triton interpreter lane only")
@@ -67,10 +66,8 @@ def _assert_zeroed(got: torch.Tensor, before: torch.Tensor, real: torch.Tensor) 
 
 
 @pytest.fixture(autouse=True)
-def _fresh_cache() -> Iterator[None]:
-    clear_detection_cache()
-    yield
-    clear_detection_cache()
+def _fresh_cache(fresh_detection_cache: None) -> None:
+    """Every test starts with an empty detection cache."""
 
 
 @pytest.fixture
@@ -81,16 +78,6 @@ def kernel_only(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("fallback used")
 
     monkeypatch.setattr(interface, "zero_padding_masked_", boom)
-
-
-@pytest.fixture
-def no_host_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(*args: object, **kwargs: object) -> None:
-        raise AssertionError("host read of device data")
-
-    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__index__", "__float__"):
-        monkeypatch.setattr(torch.Tensor, name, boom)
-    monkeypatch.setattr(torch, "equal", boom)
 
 
 # ----------------------------------------------------------------------------- kernel vs oracle
