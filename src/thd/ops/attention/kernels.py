@@ -86,22 +86,6 @@ def _fill_rows(
 
 
 @triton.jit
-def _key_range(
-    m_block, seqlen_k, causal_offset, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    """Keys of query block ``m_block``: ``[0, n_full)`` is seen by every row (whole blocks, no
-    mask needed), ``[n_full, visible_end)`` needs the bounds/causal mask."""
-    if IS_CAUSAL:
-        full_end = tl.minimum(seqlen_k, m_block * BLOCK_M + causal_offset + 1)
-        visible_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset)
-    else:
-        full_end = seqlen_k
-        visible_end = seqlen_k
-    full_end = tl.maximum(full_end, 0)
-    return (full_end // BLOCK_N) * BLOCK_N, visible_end
-
-
-@triton.jit
 def _fwd_inner(
     acc,
     m_i,
@@ -259,7 +243,14 @@ def _attention_fwd_kernel(
         qk_scale = sm_scale * LOG2E
 
         # Keys every row of this tile sees (in bounds, unmasked), then the masked remainder.
-        n_full, visible_end = _key_range(m_block, seqlen_k, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
+        if IS_CAUSAL:
+            full_end = tl.minimum(seqlen_k, m_block * BLOCK_M + causal_offset + 1)
+            visible_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset)
+        else:
+            full_end = seqlen_k
+            visible_end = seqlen_k
+        full_end = tl.maximum(full_end, 0)
+        n_full = (full_end // BLOCK_N) * BLOCK_N
         acc, m_i, l_i = _fwd_inner(
             acc,
             m_i,
@@ -741,7 +732,14 @@ def _attention_bwd_dq_kernel(
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         qk_scale = sm_scale * LOG2E
 
-        n_full, visible_end = _key_range(m_block, seqlen_k, causal_offset, IS_CAUSAL, BLOCK_M, BLOCK_N)
+        if IS_CAUSAL:
+            full_end = tl.minimum(seqlen_k, m_block * BLOCK_M + causal_offset + 1)
+            visible_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset)
+        else:
+            full_end = seqlen_k
+            visible_end = seqlen_k
+        full_end = tl.maximum(full_end, 0)
+        n_full = (full_end // BLOCK_N) * BLOCK_N
         dq = _dq_inner(
             dq,
             q,
