@@ -233,6 +233,27 @@ def test_ring_matches_reference_gloo(world: int) -> None:
     spawn(_worker_matrix, world, "cpu", 1, torch.float32, timeout_s=150)
 
 
+def _worker_triton_interpreter(rank: int, world: int) -> None:
+    """The real ring (gloo) with attention through the Triton kernels in the interpreter: the
+    in-kernel accumulation of the later steps, the per-step offsets and the grid bounds."""
+    from thd.ops.attention import launch
+
+    assert launch._INTERPRET, "the Triton kernels were not decorated for the interpreter"
+    os.environ["TRITON_INTERPRET"] = "1"  # the spawn entry dropped it; Triton reads it at launch
+    os.environ["THD_ATTENTION_BACKEND"] = "triton"
+    seed = 200
+    for case in (cases(world)[3], cases(world)[2], Case("big-slot", (3, 2, 5), (4, 40, 8))):
+        for causal in (True, False):
+            seed += 1
+            _check_case(case, world, rank, None, causal, (2, 1, 32, 32), torch.float32, "cpu", seed)
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+def test_ring_through_triton_interpreter_gloo() -> None:
+    spawn(_worker_triton_interpreter, 2, timeout_s=300)
+
+
 @pytest.mark.distributed
 def test_rejects_bad_group_layout_and_shards_gloo() -> None:
     spawn(_worker_errors, 4, timeout_s=150)  # 4 ranks importing torch on 2 loaded cores
@@ -279,8 +300,9 @@ def test_ring_simulation_matches_reference(cp: int, causal: bool, monkeypatch: p
         (2, (40, 3), (40, 8), True),
         (2, (7, 9, 1, 0, 13), (8, 12, 4, 0, 16), False),
         (4, (45, 1, 0, 6), (48, 8, 8, 8), True),
+        (2, (3, 2, 5), (4, 40, 8), True),  # a slot far longer than the longest real length
     ],
-    ids=["middle-causal", "short-tail-causal", "middle-full", "cp4-tail-short-causal"],
+    ids=["middle-causal", "short-tail-causal", "middle-full", "cp4-tail-short-causal", "big-slot-causal"],
 )
 def test_ring_simulation_through_triton_kernels(
     cp: int, lens: tuple[int, ...], slots: tuple[int, ...], causal: bool, monkeypatch: pytest.MonkeyPatch
@@ -324,19 +346,6 @@ def test_fast_path_counts_are_wrong_with_padding(monkeypatch: pytest.MonkeyPatch
     exact = simulate_ring_attention(q, k, v, cu, cu, cup, cup, cp_size=2, pad_between_seqs=True)
     assert not torch.allclose(fast.gather("out", cup), out, atol=1e-3)
     assert_close(exact.gather("out", cup), out, "exact out", **tolerance(torch.float32))
-
-
-def test_merge_is_nan_safe_when_every_part_is_empty() -> None:
-    inf = float("-inf")
-    out_a = torch.tensor([[[0.0, 0.0]], [[0.0, 0.0]], [[0.0, 0.0]], [[3.0, 4.0]]])
-    lse_a = torch.tensor([[inf, 0.0, inf, 0.0]])
-    out_b = torch.tensor([[[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 2.0]], [[1.0, 2.0]]])
-    lse_b = torch.tensor([[inf, inf, 1.0, 0.0]])
-    out, lse = ring_mod.merge_partials([(out_a, lse_a), (out_b, lse_b)], torch.float32)
-    assert torch.equal(lse[:, :3], torch.tensor([[inf, 0.0, 1.0]]))
-    assert torch.allclose(lse[:, 3], torch.log(torch.tensor(2.0)))
-    assert torch.equal(out[:3], torch.tensor([[[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 2.0]]]))
-    assert torch.allclose(out[3], torch.tensor([[2.0, 3.0]]))
 
 
 # ----------------------------------------------------------------------------- GPU tests

@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from thd.cp.partition import partition, unpartition
-from thd.cp.ring import RingPlan, build_plan, merge_partials
+from thd.cp.ring import RingPlan, build_plan
+from thd.ops.lse_merge import merge_partials
 
 __all__ = ["SimulatedRing", "simulate_ring_attention"]
 

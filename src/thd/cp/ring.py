@@ -25,8 +25,8 @@ records which path each call took.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,9 +39,8 @@ from thd.cp.checks import check_metadata, check_shards, check_values, max_len, r
 from thd.cp.comm import RingComm, resolve_group
 from thd.cp.partition import all_rank_cu_seqlens, local_cu_seqlens_padded
 from thd.errors import ThdError
-from thd.ops.lse_merge import merge_partials
 
-__all__ = ["RingPlan", "StepArgs", "build_plan", "merge_partials", "path_counts", "ring_attention"]
+__all__ = ["RingPlan", "StepArgs", "build_plan", "path_counts", "ring_attention"]
 
 path_counts: Counter[str] = Counter()
 """Calls per count path: ``"rank_counts"`` (exact, from :func:`thd.cp.rank_cu_seqlens`),
@@ -64,7 +63,8 @@ def _resolve_pad(explicit: bool | None, cu: Tensor, cup: Tensor | None, cp: int)
 
 
 def _tag(step: int, kind: int) -> int:
-    return 2 * step + kind
+    """Base p2p tag of a step's message kind; the tensors of one message take ``base + index``."""
+    return 4 * step + 2 * kind
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,17 @@ class StepArgs:
     max_seqlen_kv: int
     causal: bool
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-        """``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``, zeros / ``-inf`` outside this step's rows."""
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, scale: float, accumulate: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``, zeros / ``-inf`` outside this step's rows;
+        with ``accumulate`` this step is merged into that partial result in place instead."""
         from thd.ops.attention import attention_forward  # on use: keeps `import thd.cp` free of Triton
 
         return attention_forward(
             q, k, v, self.cu_seqlens_q, self.cu_seqlens_kv, self.cu_seqlens_q_padded,
             self.cu_seqlens_kv_padded, self.max_seqlen_q, self.max_seqlen_kv, self.causal, scale,
+            accumulate,
         )  # fmt: skip
 
     def backward(
@@ -153,10 +157,13 @@ def build_plan(
     """Per-step counts, offsets and length bounds of rank ``cp_rank`` (device-side, no sync).
 
     ``cu_seqlens_*`` are the global real counts, ``cu_seqlens_*_padded`` the global slot offsets
-    and ``max_seqlen_*`` the largest global real lengths. Without padding every chunk is full
-    and the per-step bounds are ``max_seqlen // cp`` (``// 2cp`` for halves). With padding a
-    rank can hold a whole short sequence, so the bound is ``max_seqlen`` itself, tightened to
-    ``max_slot // cp`` (``// 2cp``) when the largest slot length ``max_slot_*`` is known.
+    and ``max_seqlen_*`` the largest global real lengths. The bounds only size the kernel grids
+    (the kernels stride over any rows beyond them, so a low bound costs time, never
+    correctness). Without padding every chunk is full and they are ``max_seqlen // cp``
+    (``// 2cp`` for halves). With padding a chunk holds at most ``min(max_seqlen, slot // 2cp)``
+    real rows: with the largest slot ``max_slot_*`` known that is the bound; otherwise slots are
+    assumed to be the lengths rounded up to ``2cp`` (the usual padding), which is exact for
+    them and only an estimate when a short sequence sits in a much longer slot.
     """
     cu_q, cu_kv, cup_q, cup_kv = cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
     cp, r = cp_size, cp_rank
@@ -169,7 +176,7 @@ def build_plan(
         if not exact:
             return longest // cp, longest // (2 * cp)
         if slot is None:
-            return longest, longest
+            slot = -(-longest // (2 * cp)) * (2 * cp)
         return min(longest, slot // cp), min(longest, slot // (2 * cp))
 
     mq, mq_half = bounds(max_seqlen_q, max_slot_q)
@@ -203,75 +210,75 @@ def build_plan(
                     full_kv[r], cupl_kv)  # fmt: skip
 
 
-def _pack_kv(k: Tensor, v: Tensor) -> Tensor:
-    return torch.cat((k.reshape(-1), v.reshape(-1)))
-
-
-def _unpack_kv(flat: Tensor, k_shape: torch.Size, v_shape: torch.Size) -> tuple[Tensor, Tensor]:
-    nk = math.prod(k_shape)
-    return flat[:nk].view(k_shape), flat[nk:].view(v_shape)
+def _exchange(
+    comm: RingComm, tensors: Sequence[Tensor], offset: int, tag: int
+) -> tuple[list[Tensor], list[dist.P2POp]]:
+    """Receive buffers, and the ops that send ``tensors`` ``offset`` places on and receive the
+    matching tensors from ``offset`` places back (tensor ``i`` travels with tag ``tag + i``)."""
+    received = [torch.empty_like(t) for t in tensors]
+    sends = [comm.send(t, offset, tag + i) for i, t in enumerate(tensors)]
+    recvs = [comm.recv(t, -offset, tag + i) for i, t in enumerate(received)]
+    return received, sends + recvs
 
 
 def _ring_forward(
     q: Tensor, k: Tensor, v: Tensor, plan: RingPlan, comm: RingComm, overlap: bool
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``(out, lse, kv_last)``; ``kv_last`` is the flat K/V of rank ``r + 1`` (start of the backward)."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(out, lse, k_last, v_last)``; ``*_last`` are the K/V of rank ``r + 1`` (start of the backward).
+
+    The first step writes a fresh ``(out, lse)``; every later step folds its keys into it in
+    place inside the attention kernel (no separate merge pass). With more than two steps the
+    running result is kept in fp32 and rounded to ``q.dtype`` once at the end.
+    """
     cp, r, scale = plan.cp_size, plan.cp_rank, plan.softmax_scale
-    kv = _pack_kv(k, v)
-    parts: list[tuple[Tensor, Tensor]] = []
+    acc: tuple[Tensor, Tensor] | None = None
     for i in range(cp):
         j = (r - i) % cp
-        pending = None
+        pending = received = None
         if i + 1 < cp:  # post the next step's exchange before this step's compute
-            nxt = torch.empty_like(kv)
-            pending = comm.start([comm.send(kv, +1, _tag(i + 1, _KV)), comm.recv(nxt, -1, _tag(i + 1, _KV))])
+            received, ops = _exchange(comm, (k, v), +1, _tag(i + 1, _KV))
+            pending = comm.start(ops)
             if not overlap:
                 pending.wait()
-        k_j, v_j = _unpack_kv(kv, k.shape, v.shape)
-        parts.append(plan.steps[j].forward(q, k_j, v_j, scale))
-        if pending is not None:
+        if acc is None:
+            out, lse = plan.steps[j].forward(q, k, v, scale)
+            acc = (out.float() if cp > 2 else out), lse
+        else:
+            plan.steps[j].forward(q, k, v, scale, accumulate=acc)
+        if pending is not None and received is not None:
             pending.wait()
-            kv = nxt
-    out, lse = merge_partials(parts, q.dtype)
-    del parts
+            k, v = received
+    assert acc is not None
+    out, lse = acc[0].to(q.dtype), acc[1]
     if plan.pad:
         _zero_padding(out, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True)
-    return out, lse, kv
+    return out, lse, k, v
 
 
 def _ring_backward(
-    do: Tensor,
-    q: Tensor,
-    kv: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    plan: RingPlan,
-    comm: RingComm,
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, plan: RingPlan, comm: RingComm,
     overlap: bool,
-    k_shape: torch.Size,
-    v_shape: torch.Size,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Reverse ring: at step ``i`` rank ``r`` holds KV of rank ``(r + 1 + i) mod cp`` and the
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Reverse ring: at step ``i`` rank ``r`` holds K/V of rank ``(r + 1 + i) mod cp`` and the
     partial dK/dV of that block (summed over the ranks that held it before), adds its own part
     and passes both on; at the last step the block is its own and the gradient is complete."""
     cp, r, scale = plan.cp_size, plan.cp_rank, plan.softmax_scale
     dq_acc: Tensor | None = None
-    dkv: Tensor | None = None
+    dkv: tuple[Tensor, Tensor] | None = None
     for i in range(cp):
         j = (r + 1 + i) % cp
         ops: list[dist.P2POp] = []
-        dkv_in = nxt = None
+        dkv_in = kv_next = None
         if dkv is not None:  # i > 0: pass the finished partial on, receive the next one
-            dkv_in = torch.empty_like(dkv)
-            ops += [comm.send(dkv, -1, _tag(i, _DKV)), comm.recv(dkv_in, +1, _tag(i, _DKV))]
+            dkv_in, dkv_ops = _exchange(comm, dkv, -1, _tag(i, _DKV))
+            ops += dkv_ops
         if i + 1 < cp:
-            nxt = torch.empty_like(kv)
-            ops += [comm.send(kv, -1, _tag(i + 1, _KV)), comm.recv(nxt, +1, _tag(i + 1, _KV))]
+            kv_next, kv_ops = _exchange(comm, (k, v), -1, _tag(i + 1, _KV))
+            ops += kv_ops
         pending = comm.start(ops)
         if not overlap:
             pending.wait()
-        k_j, v_j = _unpack_kv(kv, k_shape, v_shape)
-        dq_i, dk_i, dv_i = plan.steps[j].backward(do, q, k_j, v_j, out, lse, scale)
+        dq_i, dk_i, dv_i = plan.steps[j].backward(do, q, k, v, out, lse, scale)
         if dq_acc is None:  # two parts: one add in q.dtype rounds exactly like an fp32 sum + cast
             dq_acc = dq_i if cp == 2 else dq_i.float()
         elif i + 1 == cp and dq_acc.dtype != q.dtype:  # last part: round once into q.dtype
@@ -280,17 +287,16 @@ def _ring_backward(
             dq_acc.add_(dq_i)
         pending.wait()
         if dkv_in is None:
-            dkv = _pack_kv(dk_i, dv_i)
+            dkv = (dk_i, dv_i)
         else:
-            dkv = dkv_in
-            dk_acc, dv_acc = _unpack_kv(dkv, k_shape, v_shape)
-            dk_acc.add_(dk_i)
-            dv_acc.add_(dv_i)
-        if nxt is not None:
-            kv = nxt
+            dkv_in[0].add_(dk_i)
+            dkv_in[1].add_(dv_i)
+            dkv = (dkv_in[0], dkv_in[1])
+        if kv_next is not None:
+            k, v = kv_next
     assert dq_acc is not None and dkv is not None
     dq = dq_acc.to(q.dtype)
-    dk, dv = _unpack_kv(dkv, k_shape, v_shape)
+    dk, dv = dkv
     if plan.pad:
         _zero_padding(dq, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True)
         _zero_padding(dk, plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local, pad_between_seqs=True)
@@ -316,10 +322,9 @@ class RingAttentionFunction(torch.autograd.Function):
             out, lse = _single_forward(q, k, v, plan)
             ctx.save_for_backward(q, k, v, out, lse)
         else:
-            out, lse, kv_last = _ring_forward(q, k, v, plan, comm, overlap)
-            ctx.save_for_backward(q, kv_last, out, lse)
+            out, lse, k_last, v_last = _ring_forward(q, k, v, plan, comm, overlap)
+            ctx.save_for_backward(q, k_last, v_last, out, lse)
         ctx.plan, ctx.comm, ctx.overlap = plan, comm, overlap  # type: ignore[attr-defined]
-        ctx.kv_shapes = (k.shape, v.shape)  # type: ignore[attr-defined]
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -343,20 +348,8 @@ class RingAttentionFunction(torch.autograd.Function):
                     dv, plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local, pad_between_seqs=True
                 )
         else:
-            q, kv_last, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
-            k_shape, v_shape = ctx.kv_shapes  # type: ignore[attr-defined]
-            dq, dk, dv = _ring_backward(
-                dout,
-                q,
-                kv_last,
-                out,
-                lse,
-                plan,
-                ctx.comm,
-                ctx.overlap,
-                k_shape,
-                v_shape,  # type: ignore[attr-defined]
-            )
+            q, k_last, v_last, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
+            dq, dk, dv = _ring_backward(dout, q, k_last, v_last, out, lse, plan, ctx.comm, ctx.overlap)  # type: ignore[attr-defined]
         return dq, dk, dv, None, None, None
 
 

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from thd.errors import ThdTypeError, ThdValueError
 
-__all__ = ["FLOAT_DTYPES", "check_qkv"]
+__all__ = ["FLOAT_DTYPES", "check_accumulator", "check_qkv"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -34,3 +34,22 @@ def check_qkv(fn: str, q: object, k: object, v: object) -> None:
         raise ThdValueError(
             f"{fn}: heads: expected q heads ({q.shape[1]}) to be a multiple of k/v heads ({k.shape[1]})"
         )
+
+
+def check_accumulator(fn: str, q: Tensor, v: Tensor, out: Tensor, lse: Tensor) -> None:
+    """A partial result to accumulate into: out ``[Tq, Hq, Dv]`` (last dim contiguous), lse ``[Hq, Tq]``
+    fp32 (rows contiguous), on q's device."""
+    want_out = [q.shape[0], q.shape[1], v.shape[2]]
+    if list(out.shape) != want_out or out.stride(-1) != 1:
+        raise ThdValueError(
+            f"{fn}: accumulate out: expected shape {want_out} with a contiguous last dim, "
+            f"got shape {list(out.shape)} strides {list(out.stride())}"
+        )
+    if list(lse.shape) != [q.shape[1], q.shape[0]] or lse.dtype != torch.float32 or lse.stride(-1) != 1:
+        raise ThdValueError(
+            f"{fn}: accumulate lse: expected float32 shape {[q.shape[1], q.shape[0]]} with contiguous rows, "
+            f"got {lse.dtype} shape {list(lse.shape)} strides {list(lse.stride())}"
+        )
+    for name, t in (("out", out), ("lse", lse)):
+        if t.device != q.device:
+            raise ThdValueError(f"{fn}: accumulate {name} device: expected {q.device} (as q), got {t.device}")

@@ -23,7 +23,7 @@ from thd.errors import ThdTypeError, ThdValueError
 from thd.layout import check_cu_metadata
 from thd.layout import validate as validate_layout
 from thd.ops.attention import launch, reference
-from thd.ops.attention.checks import check_qkv
+from thd.ops.attention.checks import check_accumulator, check_qkv
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "AttentionFunction", "attention", "attention_backward", "attention_forward"]
 
@@ -91,13 +91,19 @@ def attention_forward(
     max_seqlen_kv: int | None,
     causal: bool,
     softmax_scale: float,
+    accumulate: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Low-level forward (no autograd): ``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``.
 
-    Non-real query rows get exact zeros in ``out`` and ``-inf`` in ``lse``.
+    Non-real query rows get exact zeros in ``out`` and ``-inf`` in ``lse``. With
+    ``accumulate=(out, lse)``, a normalised partial result over other keys, this call's keys
+    are merged into it in place (log-sum-exp; only this call's real query rows change) and
+    it is returned.
     """
+    if accumulate is not None:
+        check_accumulator("attention_forward", q, v, *accumulate)
     if not _use_triton(q):
-        return reference.attention_forward(
+        part = reference.attention_forward(
             q,
             k,
             v,
@@ -108,6 +114,9 @@ def attention_forward(
             causal,
             softmax_scale,
         )
+        if accumulate is None:
+            return part
+        return _merge_into(accumulate, part)
     return launch.forward(
         q,
         k,
@@ -119,7 +128,19 @@ def attention_forward(
         _resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
         causal,
         softmax_scale,
+        accumulate,
     )
+
+
+def _merge_into(acc: tuple[Tensor, Tensor], part: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """Reference accumulation: the log-sum-exp merge of ``acc`` and ``part``, written into ``acc``."""
+    from thd.ops.lse_merge.reference import merge_partials_reference
+
+    out, lse = acc
+    merged_out, merged_lse = merge_partials_reference([acc, part], out.dtype)
+    out.copy_(merged_out)
+    lse.copy_(merged_lse)
+    return out, lse
 
 
 def attention_backward(

@@ -13,6 +13,11 @@ launch is needed. Each program then computes row blocks ``first, first + grid0, 
 sequence: one block when ``max_seqlen`` bounds the real lengths, more when it does not, so
 an underestimated ``max_seqlen`` costs time, never correctness.
 
+With ``ACCUMULATE`` the forward kernel continues a normalised partial result instead of
+starting from nothing: it reads ``(out, lse)`` of its real rows, folds this launch's keys into
+them with the same online softmax, and writes them back in place; it writes no other row (a
+ring step merges into the previous steps' result without a separate merge pass).
+
 Causal masking is bottom-right aligned: query ``i`` sees key ``j`` iff
 ``j <= i + (Lk - Lq)``.
 """
@@ -184,6 +189,7 @@ def _attention_fwd_kernel(
     BLOCK_DV: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     UPCAST: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -192,31 +198,32 @@ def _attention_fwd_kernel(
     head = tl.program_id(1)
     b = tl.program_id(2)
     num_seqs = tl.num_programs(2) - 1
-    pad_lo, pad_hi = _padding_span(cu_q_ptr, cup_q_ptr, b, num_seqs, num_rows_q)
     out_head = out_ptr + head * stride_oh
     lse_head = lse_ptr + head * stride_lse_h
-    _fill_rows(
-        out_head,
-        stride_ot,
-        pad_lo + m_block_first * BLOCK_M,
-        pad_hi,
-        num_m_blocks * BLOCK_M,
-        0.0,
-        HEAD_DIM_V,
-        BLOCK_DV,
-        BLOCK_M,
-    )
-    _fill_rows(
-        lse_head,
-        1,
-        pad_lo + m_block_first * BLOCK_M,
-        pad_hi,
-        num_m_blocks * BLOCK_M,
-        float("-inf"),
-        1,
-        1,
-        BLOCK_M,
-    )
+    if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
+        pad_lo, pad_hi = _padding_span(cu_q_ptr, cup_q_ptr, b, num_seqs, num_rows_q)
+        _fill_rows(
+            out_head,
+            stride_ot,
+            pad_lo + m_block_first * BLOCK_M,
+            pad_hi,
+            num_m_blocks * BLOCK_M,
+            0.0,
+            HEAD_DIM_V,
+            BLOCK_DV,
+            BLOCK_M,
+        )
+        _fill_rows(
+            lse_head,
+            1,
+            pad_lo + m_block_first * BLOCK_M,
+            pad_hi,
+            num_m_blocks * BLOCK_M,
+            float("-inf"),
+            1,
+            1,
+            BLOCK_M,
+        )
     if b == num_seqs:
         return
     q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
@@ -237,9 +244,22 @@ def _attention_fwd_kernel(
             other=0.0,
         )  # [BLOCK_M, BLOCK_D]
 
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        out_base = out_head + q_start.to(tl.int64) * stride_ot
+        if ACCUMULATE:
+            # Resume from a normalised partial (out, lse): m = lse (log2 domain), l = 1, acc = out;
+            # a row with lse = -inf has seen no key yet (l = 0, out is 0 there).
+            lse_prev = tl.load(lse_head + q_start + offs_m, mask=mask_m, other=float("-inf"))
+            m_i = lse_prev * LOG2E
+            l_i = tl.where(lse_prev == float("-inf"), 0.0, 1.0)
+            acc = tl.load(
+                out_base + offs_m[:, None] * stride_ot + offs_dv[None, :],
+                mask=mask_m[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+                other=0.0,
+            ).to(tl.float32)
+        else:
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         qk_scale = sm_scale * LOG2E
 
         # Keys every row of this tile sees (in bounds, unmasked), then the masked remainder.
@@ -304,7 +324,6 @@ def _attention_fwd_kernel(
         l_safe = tl.where(has_keys, l_i, 1.0)
         out = acc / l_safe[:, None]
         lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
-        out_base = out_head + q_start.to(tl.int64) * stride_ot
         tl.store(
             out_base + offs_m[:, None] * stride_ot + offs_dv[None, :],
             out.to(out_ptr.dtype.element_ty),

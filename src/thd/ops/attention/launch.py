@@ -70,7 +70,11 @@ _KEY = ["seq_bucket", "HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "GROUP"]
 
 def _autotune(configs: list[triton.Config], max_tile: int, fn):  # type: ignore[no-untyped-def]
     prune = {"early_config_prune": _pruner(max_tile)}
-    return triton.autotune(configs=configs, key=_KEY, prune_configs_by=prune)(fn)
+    # The forward may accumulate into out/lse in place: autotuning restores them after each trial.
+    is_fwd = fn is kernels._attention_fwd_kernel
+    restore = ["out_ptr", "lse_ptr"] if is_fwd else None
+    key = [*_KEY, "ACCUMULATE"] if is_fwd else _KEY
+    return triton.autotune(configs=configs, key=key, prune_configs_by=prune, restore_value=restore)(fn)
 
 
 _fwd_kernel = _autotune(_FWD_CONFIGS, 64 * 64, kernels._attention_fwd_kernel)
@@ -109,12 +113,20 @@ def forward(
     max_seqlen_q: int,
     causal: bool,
     scale: float,
+    accumulate: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """One kernel launch: ``(out, lse)``, padding rows written as 0 / -inf by the kernel."""
+    """One kernel launch: ``(out, lse)``, padding rows written as 0 / -inf by the kernel.
+
+    ``accumulate=(out, lse)``: fold this launch into that normalised partial result in place
+    (only its real rows are read and written) and return it.
+    """
     q, k, v = _rows_major(q), _rows_major(k), _rows_major(v)
     num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], cu_q.shape[0] - 1
-    out = q.new_empty(num_rows, num_heads, v.shape[2])
-    lse = q.new_empty(num_heads, num_rows, dtype=torch.float32)
+    if accumulate is None:
+        out = q.new_empty(num_rows, num_heads, v.shape[2])
+        lse = q.new_empty(num_heads, num_rows, dtype=torch.float32)
+    else:
+        out, lse = accumulate
     if num_rows == 0:
         return out, lse
     grid = lambda meta: (max(1, triton.cdiv(max_seqlen_q, meta["BLOCK_M"])), num_heads, num_seqs + 1)
@@ -141,6 +153,7 @@ def forward(
         scale,
         _seq_bucket(max_seqlen_q),
         IS_CAUSAL=causal,
+        ACCUMULATE=accumulate is not None,
         **_head_meta(q, k, v),
     )
     return out, lse
