@@ -37,8 +37,8 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from thd._capture import is_capturing
 from thd.cp.checks import check_metadata, check_shards, check_values, max_len, resolve_max_seqlen
 from thd.cp.comm import RingComm, resolve_group
-from thd.cp.partition import all_rank_cu_seqlens, local_cu_seqlens_padded
 from thd.errors import ThdError
+from thd.ops.ring_plan import ring_plan_tables
 
 __all__ = ["RingPlan", "StepArgs", "build_plan", "path_counts", "ring_attention"]
 
@@ -125,19 +125,6 @@ class RingPlan:
     cu_seqlens_kv_padded_local: Tensor
 
 
-def _count_table(cu: Tensor, cup: Tensor, cp: int, exact: bool) -> Tensor:
-    """int32 ``[3, cp, B+1]`` real counts per (both/first/second half, rank), in one batch.
-
-    Exact: :func:`thd.cp.partition.all_rank_cu_seqlens`. Fast path (only taken without any
-    padding, where it is exact): every chunk is full, so ``cu // cp`` and ``cu // 2cp``.
-    """
-    if exact:
-        return all_rank_cu_seqlens(cu, cup, cp)
-    full = torch.div(cu, cp, rounding_mode="floor")
-    half = torch.div(cu, 2 * cp, rounding_mode="floor")
-    return torch.stack((full, half, half))[:, None, :].expand(3, cp, cu.shape[0])
-
-
 def build_plan(
     cu_seqlens_q: Tensor,
     cu_seqlens_kv: Tensor,
@@ -181,33 +168,31 @@ def build_plan(
 
     mq, mq_half = bounds(max_seqlen_q, max_slot_q)
     mkv, mkv_half = bounds(max_seqlen_kv, max_slot_kv)
-    cupl_q, cupl_kv = local_cu_seqlens_padded(cup_q, cp), local_cu_seqlens_padded(cup_kv, cp)
-    table_q = _count_table(cu_q, cup_q, cp, exact)
-    table_kv = table_q if cu_kv is cu_q and cup_kv is cup_q else _count_table(cu_kv, cup_kv, cp, exact)
-    full_q = table_q[0, r]
-    full_kv = [table_kv[0, j] for j in range(cp)]
+    # Every table below is a view of one or two ring_plan_tables results (one launch each):
+    # row h*cp + j holds [0, *counts of rank j] (h: both halves, first, second), row 3cp
+    # [0, *local slot offsets], row 3cp+1 [0, *local second-half starts, end]; [1:] drops the
+    # leading 0, the full row is the same table after one leading empty sequence.
+    tq = ring_plan_tables(cu_q, cup_q, cp, exact=exact)
+    same_kv = cu_kv is cu_q and cup_kv is cup_q
+    tkv = tq if same_kv else ring_plan_tables(cu_kv, cup_kv, cp, exact=exact)
+    cupl_q, cupl_kv = tq[3 * cp, 1:], tkv[3 * cp, 1:]
+    full_q = tq[r, 1:]
     steps: list[StepArgs] = []
     if not causal:
-        steps = [StepArgs(full_q, full_kv[j], cupl_q, cupl_kv, mq, mkv, False) for j in range(cp)]
+        steps = [StepArgs(full_q, tkv[j, 1:], cupl_q, cupl_kv, mq, mkv, False) for j in range(cp)]
     else:
-        zero = cu_q.new_zeros(1)
-        second_q = torch.cat((zero, table_q[2, r]))
-        half_starts = torch.div(cupl_q[:-1] + cupl_q[1:], 2, rounding_mode="floor")
-        second_q_padded = torch.cat((zero, half_starts, cupl_q[-1:]))
-        kv_padded_shifted = torch.cat((zero, cupl_kv))
+        second_q, second_q_padded, kv_padded_shifted = tq[2 * cp + r], tq[3 * cp + 1], tkv[3 * cp]
         for j in range(cp):
             if j == r:
                 steps.append(StepArgs(full_q, full_q, cupl_q, cupl_kv, mq, mkv, True))
             elif j < r:
-                first_kv = table_kv[1, j]
-                steps.append(StepArgs(full_q, first_kv, cupl_q, cupl_kv, mq, mkv_half, False))
+                steps.append(StepArgs(full_q, tkv[cp + j, 1:], cupl_q, cupl_kv, mq, mkv_half, False))
             else:
-                kv_counts = torch.cat((zero, full_kv[j]))
                 steps.append(
-                    StepArgs(second_q, kv_counts, second_q_padded, kv_padded_shifted, mq_half, mkv, False)
+                    StepArgs(second_q, tkv[j], second_q_padded, kv_padded_shifted, mq_half, mkv, False)
                 )
     return RingPlan(cp, r, pad_between_seqs, exact, softmax_scale, tuple(steps), full_q, cupl_q,
-                    full_kv[r], cupl_kv)  # fmt: skip
+                    tkv[r, 1:], cupl_kv)  # fmt: skip
 
 
 def _exchange(
