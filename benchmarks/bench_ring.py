@@ -215,6 +215,8 @@ def worker(rank: int, world: int, args: argparse.Namespace, init_method: str | N
         # High-priority NCCL streams let the ring's transfers get SMs while attention
         # kernels fill the GPU (otherwise the exchange waits for the compute to drain).
         options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=args.high_priority)
+        if args.nccl_max_ctas:  # fewer NCCL blocks: more SMs left to the overlapped attention
+            options.config.max_ctas = args.nccl_max_ctas
         dist.init_process_group(
             "nccl", init_method=init_method or "env://", rank=rank, world_size=world,
             timeout=timedelta(minutes=10), device_id=torch.device("cuda", local_rank), pg_options=options,
@@ -262,6 +264,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-high-priority", dest="high_priority", action="store_false",
         help="create the NCCL group without high-priority streams",
+    )  # fmt: skip
+    parser.add_argument(
+        "--nccl-max-ctas", type=int, default=0,
+        help="cap the CTAs (SMs) the CP group's NCCL communicator uses (0: NCCL's default)",
     )  # fmt: skip
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo smoke test")
     return parser.parse_args(argv)
