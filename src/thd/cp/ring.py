@@ -1,12 +1,14 @@
 """Ring (P2P) context-parallel attention over the load-balanced THD layout; owns no kernels.
 
 Rank ``r`` of a ``cp``-rank group holds chunks ``r`` and ``2cp-1-r`` of every slot
-(:func:`thd.cp.partition`). Forward: K/V travel as one flat buffer to the next rank; at step
+(:func:`thd.cp.partition`). Forward: K and V travel to the next rank (two messages of one
+batched exchange, posted before the step's compute and waited on after it); at step
 ``i`` rank ``r`` attends its queries to the K/V of rank ``j = (r - i) mod cp``. Causal sections
 (spec §3.2): ``j == r`` diagonal (causal inside each local slot), ``j < r`` lower (all local
 queries, first half of KV_j, no mask), ``j > r`` upper (second half of the local queries, all of
-KV_j, no mask); without ``causal`` every step is full. Partial ``(out, lse)`` pairs are merged in
-fp32 with a NaN-safe log-sum-exp once all steps are done. Backward runs the ring the other way
+KV_j, no mask); without ``causal`` every step is full. The first step writes ``(out, lse)``;
+each later step's kernel continues the online softmax from it in place (fp32, NaN-safe for rows
+no key has reached), so no separate merge pass runs. Backward runs the ring the other way
 and the partial dK/dV of each K/V block travels with it, so each rank ends with the complete
 gradient of its own block.
 
@@ -14,13 +16,13 @@ Halves are never copied. Padding sits at the end of a slot, so the real rows of 
 local slot are a prefix of that half: the first half of KV_j is the local slot offsets with
 first-half counts, and the second half of the queries is described by offsets at the half
 starts (after one leading empty sequence, so offsets start at 0) with second-half counts. The
-kernels write exact zeros and ``-inf`` on every other row, which the merge ignores, so per-step
-outputs and gradients are full-size and are simply added.
+forward leaves every other row of the running result untouched, and the backward kernels write
+exact zeros there, so per-step gradients are full-size and are simply added.
 
-Per-step counts come from :func:`thd.cp.rank_cu_seqlens` (computed once per call, for all
-ranks, and reused by the backward) whenever the layout has padding; the ``cu // cp`` fast path
-is taken only when ``pad_between_seqs`` resolves to False, where it is exact. :data:`path_counts`
-records which path each call took.
+Per-step counts are those of :func:`thd.cp.rank_cu_seqlens`, all built in one launch per call
+(:func:`thd.ops.ring_plan.ring_plan_tables`) and reused by the backward, whenever the layout
+has padding; the ``cu // cp`` fast path is taken only when ``pad_between_seqs`` resolves to
+False, where it is exact. :data:`path_counts` records which path each call took.
 """
 
 from __future__ import annotations
