@@ -40,7 +40,6 @@ from thd._capture import is_capturing
 from thd.cp.checks import check_metadata, check_shards, check_values, max_len, resolve_max_seqlen
 from thd.cp.comm import RingComm, resolve_group
 from thd.errors import ThdError
-from thd.ops.ring_plan import ring_plan_tables
 
 __all__ = ["RingPlan", "StepArgs", "build_plan", "path_counts", "ring_attention"]
 
@@ -52,10 +51,20 @@ _FN = "ring_attention"
 _KV, _DKV = 0, 1  # message kinds, part of the p2p tag
 
 
-def _zero_padding(x: Tensor, cu: Tensor, cup: Tensor, *, pad_between_seqs: bool) -> Tensor:
-    from thd.padding import zero_padding_ as impl  # imported on use: thd.padding imports Triton
+def _clean_padding(plan: RingPlan, out: Tensor | None = None, grads: tuple[Tensor, ...] = ()) -> None:
+    """Exact zeros on the padding rows of ``out`` (query layout) and ``(dq, dk, dv)``; only
+    when the layout has padding."""
+    if not plan.pad:
+        return
+    from thd.padding import zero_padding_  # imported on use: thd.padding imports Triton
 
-    return impl(x, cu, cup, pad_between_seqs=pad_between_seqs)
+    q_layout = (plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local)
+    kv_layout = (plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local)
+    targets = [(out, q_layout)] if out is not None else []
+    if grads:
+        targets += zip(grads, (q_layout, kv_layout, kv_layout), strict=True)
+    for x, (cu, cup) in targets:
+        zero_padding_(x, cu, cup, pad_between_seqs=True)
 
 
 def _resolve_pad(explicit: bool | None, cu: Tensor, cup: Tensor | None, cp: int) -> bool:
@@ -174,6 +183,8 @@ def build_plan(
     # row h*cp + j holds [0, *counts of rank j] (h: both halves, first, second), row 3cp
     # [0, *local slot offsets], row 3cp+1 [0, *local second-half starts, end]; [1:] drops the
     # leading 0, the full row is the same table after one leading empty sequence.
+    from thd.ops.ring_plan import ring_plan_tables  # on use: the op's reference imports thd.cp
+
     tq = ring_plan_tables(cu_q, cup_q, cp, exact=exact)
     same_kv = cu_kv is cu_q and cup_kv is cup_q
     tkv = tq if same_kv else ring_plan_tables(cu_kv, cup_kv, cp, exact=exact)
@@ -237,8 +248,7 @@ def _ring_forward(
             k, v = received
     assert acc is not None
     out, lse = acc[0].to(q.dtype), acc[1]
-    if plan.pad:
-        _zero_padding(out, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True)
+    _clean_padding(plan, out)
     return out, lse, k, v
 
 
@@ -284,17 +294,13 @@ def _ring_backward(
     assert dq_acc is not None and dkv is not None
     dq = dq_acc.to(q.dtype)
     dk, dv = dkv
-    if plan.pad:
-        _zero_padding(dq, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True)
-        _zero_padding(dk, plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local, pad_between_seqs=True)
-        _zero_padding(dv, plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local, pad_between_seqs=True)
+    _clean_padding(plan, grads=(dq, dk, dv))
     return dq, dk, dv
 
 
 def _single_forward(q: Tensor, k: Tensor, v: Tensor, plan: RingPlan) -> tuple[Tensor, Tensor]:
     out, lse = plan.steps[0].forward(q, k, v, plan.softmax_scale)
-    if plan.pad:
-        _zero_padding(out, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True)
+    _clean_padding(plan, out)
     return out, lse
 
 
@@ -324,16 +330,7 @@ class RingAttentionFunction(torch.autograd.Function):
         if plan.cp_size == 1:
             q, k, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
             dq, dk, dv = plan.steps[0].backward(dout, q, k, v, out, lse, plan.softmax_scale)
-            if plan.pad:
-                _zero_padding(
-                    dq, plan.cu_seqlens_q_local, plan.cu_seqlens_q_padded_local, pad_between_seqs=True
-                )
-                _zero_padding(
-                    dk, plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local, pad_between_seqs=True
-                )
-                _zero_padding(
-                    dv, plan.cu_seqlens_kv_local, plan.cu_seqlens_kv_padded_local, pad_between_seqs=True
-                )
+            _clean_padding(plan, grads=(dq, dk, dv))
         else:
             q, k_last, v_last, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
             dq, dk, dv = _ring_backward(dout, q, k_last, v_last, out, lse, plan, ctx.comm, ctx.overlap)  # type: ignore[attr-defined]

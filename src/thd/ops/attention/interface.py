@@ -24,6 +24,7 @@ from thd.layout import check_cu_metadata
 from thd.layout import validate as validate_layout
 from thd.ops.attention import launch, reference
 from thd.ops.attention.checks import check_accumulator, check_qkv
+from thd.ops.lse_merge.reference import merge_partials_reference
 
 __all__ = ["SUPPORTED_HEAD_DIMS", "AttentionFunction", "attention", "attention_backward", "attention_forward"]
 
@@ -134,8 +135,6 @@ def attention_forward(
 
 def _merge_into(acc: tuple[Tensor, Tensor], part: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     """Reference accumulation: the log-sum-exp merge of ``acc`` and ``part``, written into ``acc``."""
-    from thd.ops.lse_merge.reference import merge_partials_reference
-
     out, lse = acc
     merged_out, merged_lse = merge_partials_reference([acc, part], out.dtype)
     out.copy_(merged_out)

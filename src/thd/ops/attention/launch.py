@@ -68,16 +68,16 @@ if not _AUTOTUNE:  # one good config each: fast compiles for tests
 _KEY = ["seq_bucket", "HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "GROUP"]
 
 
-def _autotune(configs: list[triton.Config], max_tile: int, fn):  # type: ignore[no-untyped-def]
+def _autotune(configs: list[triton.Config], max_tile: int, fn, *, in_place: bool = False):  # type: ignore[no-untyped-def]
+    """``in_place``: the kernel may update out/lse in place (the forward's ACCUMULATE), so
+    autotuning restores them after each trial and the mode is part of the key."""
     prune = {"early_config_prune": _pruner(max_tile)}
-    # The forward may accumulate into out/lse in place: autotuning restores them after each trial.
-    is_fwd = fn is kernels._attention_fwd_kernel
-    restore = ["out_ptr", "lse_ptr"] if is_fwd else None
-    key = [*_KEY, "ACCUMULATE"] if is_fwd else _KEY
+    restore = ["out_ptr", "lse_ptr"] if in_place else None
+    key = [*_KEY, "ACCUMULATE"] if in_place else _KEY
     return triton.autotune(configs=configs, key=key, prune_configs_by=prune, restore_value=restore)(fn)
 
 
-_fwd_kernel = _autotune(_FWD_CONFIGS, 64 * 64, kernels._attention_fwd_kernel)
+_fwd_kernel = _autotune(_FWD_CONFIGS, 64 * 64, kernels._attention_fwd_kernel, in_place=True)
 _dkdv_kernel = _autotune(_BWD_CONFIGS, 32 * 64, kernels._attention_bwd_dkdv_kernel)
 _DQ_CONFIGS = _FWD_CONFIGS if _INTERPRET else [_config(128, 64, 8, 3), *_FWD_CONFIGS]
 _dq_kernel = _autotune(_DQ_CONFIGS, 64 * 64, kernels._attention_bwd_dq_kernel)
