@@ -29,10 +29,12 @@ from thd.errors import ThdTypeError, ThdValueError
 
 __all__ = [
     "PackedLayout",
+    "check_layout",
     "pack_lengths",
     "set_validation",
     "validate",
     "validation_enabled",
+    "values_readable",
 ]
 
 _VALIDATION_ENABLED: bool = os.environ.get("THD_VALIDATE", "1").strip().lower() not in ("0", "false", "off")
@@ -125,19 +127,23 @@ def check_layout_values(
     *,
     num_rows: int | None = None,
     cp_size: int = 1,
+    names: tuple[str, str] = ("cu_seqlens", "cu_seqlens_padded"),
 ) -> None:
-    """Check host copies of the cu tensors (see :func:`validate` for the rules)."""
-    _check_monotone(fn, "cu_seqlens", cu)
-    slots_name = "cu_seqlens"
+    """Check host copies of the cu tensors (see :func:`validate` for the rules).
+
+    ``names`` are the argument names used in error messages.
+    """
+    _check_monotone(fn, names[0], cu)
+    slots_name = names[0]
     if cup is not None:
-        slots_name = "cu_seqlens_padded"
+        slots_name = names[1]
         _check_monotone(fn, slots_name, cup)
         for b in range(len(cu) - 1):
             real, slot = cu[b + 1] - cu[b], cup[b + 1] - cup[b]
             if slot < real:
                 raise ThdValueError(
-                    f"{fn}: slot {b} length (cu_seqlens_padded[{b + 1}] - cu_seqlens_padded[{b}] = {slot}) "
-                    f"< real length (cu_seqlens[{b + 1}] - cu_seqlens[{b}] = {real}): "
+                    f"{fn}: slot {b} length ({slots_name}[{b + 1}] - {slots_name}[{b}] = {slot}) "
+                    f"< real length ({names[0]}[{b + 1}] - {names[0]}[{b}] = {real}): "
                     "expected every slot to hold its sequence"
                 )
     slots = cu if cup is None else cup
@@ -187,28 +193,50 @@ def validate(
     multiple of ``2 * cp_size``.
 
     Metadata checks always run. Value checks cost one device-to-host copy and are skipped
-    silently while a CUDA graph is being captured (reading device memory is illegal there) and
-    when validation is switched off (:func:`set_validation`, ``THD_VALIDATE=0``). Validate once
-    per batch, before capture or outside the step.
+    silently while a CUDA graph is being captured (reading device memory is illegal there),
+    on meta tensors (they hold no values) and when validation is switched off
+    (:func:`set_validation`, ``THD_VALIDATE=0``). Validate once per batch, before capture or
+    outside the step.
 
     Example::
 
         >>> validate(torch.tensor([0, 3, 5], dtype=torch.int32),
         ...          torch.tensor([0, 4, 8], dtype=torch.int32), num_rows=8, cp_size=2)
     """
-    fn = "validate"
-    check_cu_metadata(fn, cu_seqlens, cu_seqlens_padded)
+    check_layout("validate", cu_seqlens, cu_seqlens_padded, num_rows=num_rows, cp_size=cp_size)
+
+
+def values_readable(*tensors: Tensor | None) -> bool:
+    """Whether value checks may read these tensors now: validation on, not capturing, none on meta."""
+    if not _VALIDATION_ENABLED or any(t is not None and t.is_meta for t in tensors):
+        return False
+    return not _capture.is_capturing()
+
+
+def check_layout(
+    fn: str,
+    cu_seqlens: object,
+    cu_seqlens_padded: object | None,
+    *,
+    num_rows: int | None = None,
+    cp_size: int = 1,
+    names: tuple[str, str] = ("cu_seqlens", "cu_seqlens_padded"),
+) -> None:
+    """:func:`validate` with the caller's name ``fn`` and argument ``names`` in error messages."""
+    check_cu_metadata(fn, cu_seqlens, cu_seqlens_padded, names=names)
     check_cp(fn, cp_size)
     if num_rows is not None:
         check_num_rows(fn, num_rows, cp_size)
-    if not _VALIDATION_ENABLED or _capture.is_capturing():
+    assert isinstance(cu_seqlens, Tensor)
+    assert cu_seqlens_padded is None or isinstance(cu_seqlens_padded, Tensor)
+    if not values_readable(cu_seqlens, cu_seqlens_padded):
         return
     if cu_seqlens_padded is None:
         cu, cup = cu_seqlens.tolist(), None
     else:
         both = torch.stack((cu_seqlens, cu_seqlens_padded)).tolist()  # the one D2H copy
         cu, cup = both[0], both[1]
-    check_layout_values(fn, cu, cup, num_rows=num_rows, cp_size=cp_size)
+    check_layout_values(fn, cu, cup, num_rows=num_rows, cp_size=cp_size, names=names)
 
 
 # ----------------------------------------------------------------------------- packing helper

@@ -27,7 +27,7 @@ from torch import Tensor
 from thd import _capture
 from thd.errors import ThdTypeError
 from thd.layout import check_cp, check_cu_metadata, check_num_rows
-from thd.ops.zero_padding.interface import zero_padding_
+from thd.ops.zero_padding import interface as _op
 from thd.ops.zero_padding.reference import valid_row_mask
 
 __all__ = [
@@ -101,7 +101,8 @@ def detect_pad_between_seqs(
     Eager calls compare values (one small device-to-host copy) and cache the verdict; cache
     hits cost a few microseconds of host time. During CUDA-graph capture a hit reuses the
     cached verdict and a miss returns ``True`` (safe, possibly slower) without reading device
-    memory. See :func:`detection_stats` and :func:`clear_detection_cache`.
+    memory; meta tensors (no values) also get ``True``. See :func:`detection_stats` and
+    :func:`clear_detection_cache`.
     """
     if cu_seqlens_padded is None or cu_seqlens_padded is cu_seqlens:
         return False
@@ -121,7 +122,7 @@ def detect_pad_between_seqs(
     fn = "detect_pad_between_seqs"
     check_cu_metadata(fn, cu_seqlens, cu_seqlens_padded)
     check_cp(fn, cp_size)
-    if _capture.is_capturing():
+    if _capture.is_capturing() or cu_seqlens.is_meta:
         with _lock:
             _stats["fallbacks"] += 1
         return True
@@ -144,12 +145,38 @@ def resolve_pad_between_seqs(
     """``explicit`` if given (the caller's promise always wins), else :func:`detect_pad_between_seqs`."""
     if explicit is None:
         return detect_pad_between_seqs(cu_seqlens, cu_seqlens_padded, cp_size=cp_size)
-    if not isinstance(explicit, bool):
-        raise ThdTypeError(
-            "resolve_pad_between_seqs: pad_between_seqs: expected a bool or None, "
-            f"got {type(explicit).__name__}"
-        )
+    _check_pad_flag("resolve_pad_between_seqs", explicit)
     return explicit
+
+
+def _check_pad_flag(fn: str, value: object) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ThdTypeError(f"{fn}: pad_between_seqs: expected a bool or None, got {type(value).__name__}")
+
+
+def zero_padding_(
+    x: Tensor,
+    cu_seqlens: Tensor,
+    cu_seqlens_padded: Tensor | None = None,
+    *,
+    pad_between_seqs: bool | None = None,
+    valid_end: int | None = None,
+) -> Tensor:
+    """Zero every padding row of ``x`` in place and return ``x``.
+
+    The op :func:`thd.ops.zero_padding.zero_padding_` (see it for ``x``, the layout and
+    ``valid_end``) with detection: ``pad_between_seqs=None`` resolves it with
+    :func:`detect_pad_between_seqs` (``cp_size=1``; ``True`` on a cache miss during capture).
+    An explicit value always wins. Capture-safe: no host sync.
+    """
+    fn = "zero_padding_"
+    _op.check_args(fn, x, cu_seqlens, cu_seqlens_padded, valid_end)
+    _check_pad_flag(fn, pad_between_seqs)
+    if pad_between_seqs is None:
+        pad_between_seqs = detect_pad_between_seqs(cu_seqlens, cu_seqlens_padded)
+    return _op.zero_padding_(
+        x, cu_seqlens, cu_seqlens_padded, pad_between_seqs=pad_between_seqs, valid_end=valid_end
+    )
 
 
 def detection_stats() -> dict[str, int]:

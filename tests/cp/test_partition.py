@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import thd._capture
+import thd.layout
 from thd.cp import (
     local_cu_seqlens_padded,
     partition,
@@ -111,7 +112,14 @@ def test_partition_keeps_trailing_dims_and_dtype() -> None:
     assert torch.equal(shard, x[torch.tensor([2, 3, 4, 5, 10, 11, 12, 13])])
 
 
-def test_partition_is_device_side_with_num_rows(no_host_reads: None) -> None:
+@pytest.mark.parametrize("skip", ["capture", "validation-off"])
+def test_partition_is_device_side_when_checks_are_skipped(
+    skip: str, monkeypatch: pytest.MonkeyPatch, no_host_reads: None
+) -> None:
+    if skip == "capture":
+        monkeypatch.setattr(thd._capture, "is_capturing", lambda: True)
+    else:
+        monkeypatch.setattr(thd.layout, "_VALIDATION_ENABLED", False)
     cu, cup = _i32(WORKED_CU), _i32(WORKED_CUP)
     idx = partition_indices(cup, 2, 1, num_rows=24)
     counts = rank_cu_seqlens(cu, cup, 2, 1)
@@ -213,7 +221,9 @@ def test_rejects_bad_cp_arguments(cp_size: object, cp_rank: int) -> None:
 
 
 def test_rejects_int64_offsets() -> None:
-    with pytest.raises(ThdTypeError, match=r"cu_seqlens dtype: expected torch\.int32, got torch\.int64"):
+    with pytest.raises(
+        ThdTypeError, match=r"cu_seqlens_padded dtype: expected torch\.int32, got torch\.int64"
+    ):
         partition_indices(torch.tensor([0, 8]), 2, 0, num_rows=8)
 
 

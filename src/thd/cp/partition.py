@@ -1,4 +1,4 @@
-"""Load-balanced ("dual-chunk") CP partitioning of a THD buffer, as pure device-side index math.
+"""Load-balanced ("dual-chunk") CP partitioning of a THD buffer.
 
 Every slot ``b`` of length ``P_b`` (from ``cu_seqlens_padded``) is cut into ``2 * cp_size``
 chunks of ``c_b = P_b / (2 * cp_size)`` rows; rank ``r`` holds chunk ``r`` followed by chunk
@@ -9,9 +9,15 @@ prefix whose length :func:`rank_cu_seqlens` gives.
 
 Reserved capacity (``num_rows > cu_seqlens_padded[-1]``) is split as one more, all-padding slot,
 so ``num_rows`` must be a multiple of ``2 * cp_size``; nothing is dropped or duplicated.
-Nothing here reads device memory except when ``num_rows`` must be inferred (documented per
-function); slot lengths are trusted: check them once per batch with :func:`thd.layout.validate`
-(``cp_size=...``).
+
+:func:`partition_indices`, :func:`partition` and :func:`unpartition` check the slots
+(``cu_seqlens_padded[0] == 0``, non-decreasing, every slot a multiple of ``2 * cp_size``, the
+last slot inside the buffer) with one device-to-host read, like :func:`thd.layout.validate`
+and under the same switches: skipped during CUDA-graph capture, on meta tensors and with
+``THD_VALIDATE=0``. Unchecked, an invalid layout gives garbage rows but never reads outside the
+buffer, and :func:`unpartition` never returns uninitialised memory. The per-rank counts
+(:func:`rank_cu_seqlens`, :func:`all_rank_cu_seqlens`) are pure device-side index math from
+:mod:`thd._cp_index`, re-exported here.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ import torch
 from torch import Tensor
 
 from thd import _capture
-from thd.errors import ThdValueError
-from thd.layout import check_cp, check_cu_metadata, check_layout_values, check_num_rows
+from thd import layout as _layout
+from thd._cp_index import all_rank_cu_seqlens, local_cu_seqlens_padded, rank_cu_seqlens, rank_rows
+from thd.errors import ThdTypeError, ThdValueError
 
 __all__ = [
     "all_rank_cu_seqlens",
@@ -34,25 +41,35 @@ __all__ = [
     "unpartition",
 ]
 
+_SLOT_NAMES = ("cu_seqlens_padded", "cu_seqlens_padded")
 
-def local_cu_seqlens_padded(cu_seqlens_padded: Tensor, cp_size: int) -> Tensor:
-    """Slot offsets of every rank's local buffer: ``cu_seqlens_padded // cp_size`` (int32)."""
-    check_cu_metadata("local_cu_seqlens_padded", cu_seqlens_padded, None)
-    check_cp("local_cu_seqlens_padded", cp_size)
-    return torch.div(cu_seqlens_padded, cp_size, rounding_mode="floor")
+
+def _check_slots(fn: str, cu_seqlens_padded: Tensor, cp_size: int, num_rows: int) -> None:
+    """Value checks of the slots against a buffer of ``num_rows`` rows (one device-to-host read)."""
+    _layout.check_num_rows(fn, num_rows, cp_size)
+    if _layout.values_readable(cu_seqlens_padded):
+        cup = cu_seqlens_padded.tolist()
+        _layout.check_layout_values(fn, cup, None, num_rows=num_rows, cp_size=cp_size, names=_SLOT_NAMES)
 
 
 def _resolve_num_rows(fn: str, cu_seqlens_padded: Tensor, num_rows: int | None, cp_size: int) -> int:
+    """``num_rows`` checked against the slots, or ``cu_seqlens_padded[-1]`` (always read)."""
     if num_rows is not None:
-        return check_num_rows(fn, num_rows, cp_size)
+        _check_slots(fn, cu_seqlens_padded, cp_size, num_rows)
+        return num_rows
     if _capture.is_capturing():
         raise ThdValueError(
             f"{fn}: num_rows: expected an int during CUDA-graph capture, got None "
             "(inferring it from cu_seqlens_padded[-1] needs a device-to-host read)"
         )
+    if cu_seqlens_padded.is_meta:
+        raise ThdValueError(
+            f"{fn}: num_rows: expected an int with a meta cu_seqlens_padded, got None "
+            "(a meta tensor holds no cu_seqlens_padded[-1] to infer it from)"
+        )
     cup = cu_seqlens_padded.tolist()  # one D2H copy; the values are checked for free
-    check_layout_values(fn, cup, None, num_rows=None, cp_size=cp_size)
-    return check_num_rows(fn, cup[-1], cp_size)
+    _layout.check_layout_values(fn, cup, None, num_rows=None, cp_size=cp_size, names=_SLOT_NAMES)
+    return _layout.check_num_rows(fn, cup[-1], cp_size)
 
 
 def partition_indices(
@@ -62,9 +79,9 @@ def partition_indices(
 
     Local row ``j`` of slot ``b`` maps to ``cup[b] + r*c_b + j`` for ``j < c_b`` and to
     ``cup[b] + (2*cp_size - 1 - r)*c_b + (j - c_b)`` otherwise. ``num_rows`` (``T``, default
-    ``cu_seqlens_padded[-1]``, which costs one device-to-host read and is refused during
-    capture) may exceed ``cu_seqlens_padded[-1]``; the excess is partitioned as one more slot.
-    Device-side and capture-safe when ``num_rows`` is given.
+    ``cu_seqlens_padded[-1]``, refused during capture) may exceed ``cu_seqlens_padded[-1]``;
+    the excess is partitioned as one more slot. One device-to-host read checks the slots
+    (see the module docstring for when it is skipped); no read during capture.
 
     Example (spec worked example, cp=2)::
 
@@ -73,25 +90,20 @@ def partition_indices(
         [2, 3, 4, 5, 10, 11, 12, 13]
     """
     fn = "partition_indices"
-    check_cu_metadata(fn, cu_seqlens_padded, None)
-    check_cp(fn, cp_size, cp_rank)
+    _layout.check_cu_metadata(fn, cu_seqlens_padded, None, names=_SLOT_NAMES)
+    _layout.check_cp(fn, cp_size, cp_rank)
     rows = _resolve_num_rows(fn, cu_seqlens_padded, num_rows, cp_size)
-    device = cu_seqlens_padded.device
-    local_rows = rows // cp_size
-    if cp_size == 1:
-        return torch.arange(rows, dtype=torch.int64, device=device)
-    # Slots plus one (possibly empty) slot of reserved capacity [cup[-1], T).
-    cup = torch.cat((cu_seqlens_padded.long(), cu_seqlens_padded.new_full((1,), rows, dtype=torch.int64)))
-    cup_local = torch.div(cup, cp_size, rounding_mode="floor")
-    j = torch.arange(local_rows, dtype=torch.int64, device=device)
-    slot = torch.searchsorted(cup_local[1:], j, right=True)  # first slot whose local end > j
-    start_local = cup_local[slot]
-    chunk = torch.div(cup_local[slot + 1] - start_local, 2, rounding_mode="floor")
-    offset = j - start_local
-    first = offset < chunk
-    return cup[slot] + torch.where(
-        first, cp_rank * chunk + offset, (2 * cp_size - 1 - cp_rank) * chunk + (offset - chunk)
-    )
+    return rank_rows(cu_seqlens_padded, cp_size, cp_rank, rows)
+
+
+def _check_rows_tensor(fn: str, name: str, x: object) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise ThdTypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ThdValueError(
+            f"{fn}: {name} shape: expected [T, ...] with at least one dim, got {list(x.shape)}"
+        )
+    return x
 
 
 def partition(
@@ -99,12 +111,17 @@ def partition(
 ) -> Tensor:
     """Rows of ``x`` (dim 0, ``T`` rows) held by rank ``cp_rank``: ``[T // cp_size, ...]``, a copy.
 
-    ``num_rows`` defaults to ``x.shape[0]``; if given it must equal it.
+    ``num_rows`` defaults to ``x.shape[0]``; if given it must equal it. The slots are checked
+    against ``x.shape[0]`` (one device-to-host read, skipped as described in the module docstring).
     """
     fn = "partition"
+    x = _check_rows_tensor(fn, "x", x)
     if num_rows is not None and num_rows != x.shape[0]:
         raise ThdValueError(f"{fn}: num_rows (={num_rows}): expected x.shape[0] = {x.shape[0]}")
-    idx = partition_indices(cu_seqlens_padded, cp_size, cp_rank, num_rows=x.shape[0])
+    _layout.check_cu_metadata(fn, cu_seqlens_padded, None, names=_SLOT_NAMES)
+    _layout.check_cp(fn, cp_size, cp_rank)
+    _check_slots(fn, cu_seqlens_padded, cp_size, x.shape[0])
+    idx = rank_rows(cu_seqlens_padded, cp_size, cp_rank, x.shape[0])
     return x.index_select(0, idx.to(x.device))
 
 
@@ -114,91 +131,37 @@ def unpartition(
     """Exact inverse of :func:`partition`: reassemble ``[T, ...]`` from the ``cp_size`` shards.
 
     ``shards[r]`` is rank ``r``'s ``[T // cp_size, ...]`` buffer; ``num_rows`` defaults to
-    ``cp_size * shards[0].shape[0]`` and, if given, must equal it.
+    ``cp_size * shards[0].shape[0]`` and, if given, must equal it. Checked slots cover every
+    row exactly once; when the check is skipped the result starts from zeros, so an invalid
+    layout leaves zeros (never uninitialised memory) in the rows it does not cover.
     """
     fn = "unpartition"
-    check_cp(fn, cp_size)
+    _layout.check_cp(fn, cp_size)
+    if isinstance(shards, Tensor) or not isinstance(shards, Sequence):
+        raise ThdTypeError(f"{fn}: shards: expected a sequence of tensors, got {type(shards).__name__}")
     if len(shards) != cp_size:
         raise ThdValueError(f"{fn}: shards: expected cp_size = {cp_size} tensors, got {len(shards)}")
-    local = shards[0].shape[0]
+    first = _check_rows_tensor(fn, "shards[0]", shards[0])
     for r, s in enumerate(shards):
-        if s.shape != shards[0].shape:
+        s = _check_rows_tensor(fn, f"shards[{r}]", s)
+        if s.shape != first.shape:
             raise ThdValueError(
-                f"{fn}: shards[{r}] shape: expected {list(shards[0].shape)} (as shards[0]), "
-                f"got {list(s.shape)}"
+                f"{fn}: shards[{r}] shape: expected {list(first.shape)} (as shards[0]), got {list(s.shape)}"
             )
-    rows = cp_size * local
+        if s.dtype != first.dtype or s.device != first.device:
+            raise ThdValueError(
+                f"{fn}: shards[{r}]: expected dtype {first.dtype} on {first.device} (as shards[0]), "
+                f"got {s.dtype} on {s.device}"
+            )
+    rows = cp_size * first.shape[0]
     if num_rows is not None and num_rows != rows:
         raise ThdValueError(f"{fn}: num_rows (={num_rows}): expected cp_size * shards[0].shape[0] = {rows}")
-    device = shards[0].device
-    idx = torch.cat(
-        [partition_indices(cu_seqlens_padded, cp_size, r, num_rows=rows).to(device) for r in range(cp_size)]
-    )
-    out = shards[0].new_empty((rows, *shards[0].shape[1:]))
-    out.index_copy_(0, idx, torch.cat(list(shards)))
-    return out
-
-
-def rank_cu_seqlens(
-    cu_seqlens: Tensor,
-    cu_seqlens_padded: Tensor,
-    cp_size: int,
-    cp_rank: int,
-    *,
-    first_half: bool = True,
-    second_half: bool = True,
-) -> Tensor:
-    """Cumulative real-row counts of rank ``cp_rank``'s local slots: int32 ``[B+1]``.
-
-    ``cu_seqlens_padded`` is the GLOBAL slot-offset tensor (local offsets are
-    :func:`local_cu_seqlens_padded`). With ``c_b = P_b / (2*cp_size)`` the first half (chunk
-    ``r``) holds ``clamp(L_b - r*c_b, 0, c_b)`` real rows and the second half (chunk
-    ``2*cp_size - 1 - r``) ``clamp(L_b - (2*cp_size - 1 - r)*c_b, 0, c_b)``; each sequence
-    contributes the halves selected by ``first_half``/``second_half``. The real rows of a local
-    slot are a prefix of it, so offsets come from the padded layout and lengths from here.
-    Device-side, capture-safe.
-
-    Example (cp=2, L=[5, 8], P=[8, 8])::
-
-        >>> cu = torch.tensor([0, 5, 13], dtype=torch.int32)
-        >>> cup = torch.tensor([0, 8, 16], dtype=torch.int32)
-        >>> rank_cu_seqlens(cu, cup, 2, 1).tolist()
-        [0, 3, 7]
-    """
-    fn = "rank_cu_seqlens"
-    check_cu_metadata(fn, cu_seqlens, cu_seqlens_padded)
-    check_cp(fn, cp_size, cp_rank)
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    chunk = torch.div(cu_seqlens_padded[1:] - cu_seqlens_padded[:-1], 2 * cp_size, rounding_mode="floor")
-    counts = torch.zeros_like(lengths)
-    if first_half:
-        counts += torch.minimum((lengths - cp_rank * chunk).clamp_(min=0), chunk)
-    if second_half:
-        counts += torch.minimum((lengths - (2 * cp_size - 1 - cp_rank) * chunk).clamp_(min=0), chunk)
-    out = torch.zeros_like(cu_seqlens)
-    torch.cumsum(counts, dim=0, dtype=torch.int32, out=out[1:])
-    return out
-
-
-def all_rank_cu_seqlens(cu_seqlens: Tensor, cu_seqlens_padded: Tensor, cp_size: int) -> Tensor:
-    """:func:`rank_cu_seqlens` of every rank and half in one batched computation.
-
-    Returns int32 ``[3, cp_size, B+1]``: index 0 both halves, 1 the first half only, 2 the
-    second half only; ``out[h, r]`` equals ``rank_cu_seqlens(..., cp_size, r, ...)`` for that
-    selection. A handful of kernel launches however large ``cp_size`` is (the ring builds its
-    whole plan from it). Device-side, capture-safe.
-    """
-    fn = "all_rank_cu_seqlens"
-    check_cu_metadata(fn, cu_seqlens, cu_seqlens_padded)
-    check_cp(fn, cp_size)
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1])[None, :]  # [1, B]
-    chunk = torch.div(cu_seqlens_padded[1:] - cu_seqlens_padded[:-1], 2 * cp_size, rounding_mode="floor")[
-        None, :
-    ]
-    ranks = torch.arange(cp_size, device=cu_seqlens.device, dtype=cu_seqlens.dtype)[:, None]  # [cp, 1]
-    first = torch.minimum((lengths - ranks * chunk).clamp_(min=0), chunk)  # [cp, B]
-    second = torch.minimum((lengths - (2 * cp_size - 1 - ranks) * chunk).clamp_(min=0), chunk)
-    counts = torch.stack((first + second, first, second))  # [3, cp, B]
-    out = cu_seqlens.new_zeros(3, cp_size, cu_seqlens.shape[0])
-    torch.cumsum(counts, dim=2, dtype=torch.int32, out=out[:, :, 1:])
+    _layout.check_cu_metadata(fn, cu_seqlens_padded, None, names=_SLOT_NAMES)
+    checked = _layout.values_readable(cu_seqlens_padded)
+    _check_slots(fn, cu_seqlens_padded, cp_size, rows)
+    idx = torch.cat([rank_rows(cu_seqlens_padded, cp_size, r, rows) for r in range(cp_size)])
+    shape = (rows, *first.shape[1:])
+    # Checked slots are a permutation of the rows; unchecked ones may leave gaps: start from zeros.
+    out = first.new_empty(shape) if checked else first.new_zeros(shape)
+    out.index_copy_(0, idx.to(first.device), torch.cat(list(shards)))
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from thd.cp.partition import all_rank_cu_seqlens, local_cu_seqlens_padded
+from thd._cp_index import all_rank_cu_seqlens, local_cu_seqlens_padded
 
 __all__ = ["ring_plan_tables_reference"]
 

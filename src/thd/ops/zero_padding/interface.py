@@ -1,4 +1,7 @@
-"""Launcher and public :func:`zero_padding_` (re-exported as ``thd.padding.zero_padding_``)."""
+"""Launcher and op :func:`zero_padding_`: explicit ``pad_between_seqs``, no detection.
+
+The public :func:`thd.padding.zero_padding_` wraps it and detects the flag when not given.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from thd.errors import ThdTypeError, ThdValueError
 from thd.layout import check_cu_metadata
 from thd.ops.zero_padding.reference import zero_padding_masked_
 
-__all__ = ["zero_padding_"]
+__all__ = ["check_args", "zero_padding_"]
 
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # dtypes the kernel writes directly; others of the same element size go through an integer view
@@ -107,20 +110,25 @@ def _launch(x: Tensor, cu: Tensor, cup: Tensor, pad_between_seqs: bool) -> None:
     )
 
 
-def _check_args(x: object, cu: Tensor, valid_end: object) -> None:
-    fn = "zero_padding_"
+def check_args(
+    fn: str, x: object, cu_seqlens: object, cu_seqlens_padded: object, valid_end: object
+) -> Tensor:
+    """Host-only argument checks of :func:`zero_padding_` (no device read); returns ``x``."""
+    check_cu_metadata(fn, cu_seqlens, cu_seqlens_padded)
     if not isinstance(x, Tensor):
         raise ThdTypeError(f"{fn}: x: expected a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 1:
         raise ThdValueError(f"{fn}: x shape: expected [T, ...] with at least one dim, got {list(x.shape)}")
-    if cu.device != x.device:
-        raise ThdValueError(f"{fn}: cu_seqlens device: expected {x.device} (as x), got {cu.device}")
+    assert isinstance(cu_seqlens, Tensor)
+    if cu_seqlens.device != x.device:
+        raise ThdValueError(f"{fn}: cu_seqlens device: expected {x.device} (as x), got {cu_seqlens.device}")
     if valid_end is not None and (
         isinstance(valid_end, bool) or not isinstance(valid_end, int) or not 0 <= valid_end <= x.shape[0]
     ):
         raise ThdValueError(
             f"{fn}: valid_end: expected an int in [0, x.shape[0] = {x.shape[0]}], got {valid_end!r}"
         )
+    return x
 
 
 def zero_padding_(
@@ -128,10 +136,10 @@ def zero_padding_(
     cu_seqlens: Tensor,
     cu_seqlens_padded: Tensor | None = None,
     *,
-    pad_between_seqs: bool | None = None,
+    pad_between_seqs: bool,
     valid_end: int | None = None,
 ) -> Tensor:
-    """Zero every padding row of ``x`` in place and return ``x``.
+    """Zero every padding row of ``x`` in place and return ``x`` (the op: no detection).
 
     Args:
         x: ``[T, ...]``, rows on dim 0, any dtype. Each row must be contiguous for the Triton
@@ -141,33 +149,22 @@ def zero_padding_(
         cu_seqlens_padded: int32 ``[B+1]`` slot offsets, or ``None`` (no slot padding).
         pad_between_seqs: ``True`` clears slot padding ``[cup[b] + L_b, cup[b+1])`` and the
             tail ``[cup[-1], T)``; ``False`` clears only the tail ``[cu_seqlens[-1], T)``.
-            ``None`` detects it (:func:`thd.padding.detect_pad_between_seqs`, ``cp_size=1``;
-            ``True`` on a cache miss during capture). An explicit value always wins.
+            Ignored (``False``) when ``cu_seqlens_padded`` is ``None``. The public
+            :func:`thd.padding.zero_padding_` detects it when not given.
         valid_end: optional host int promising that rows ``>= valid_end`` are padding and that
             rows below it are described by the layout. Rows ``[valid_end, T)`` are cleared by
             slicing; with ``pad_between_seqs=False`` that is all (``valid_end == T`` does nothing),
             otherwise the kernel handles the slot padding below ``valid_end``.
 
-    Capture-safe: no host sync (detection aside, whose capture path never reads the device).
-    Values are not validated here; see :func:`thd.layout.validate`.
+    Capture-safe: no host sync. Values are not validated here; see :func:`thd.layout.validate`.
     On CUDA, and on CPU when ``TRITON_INTERPRET=1``, a Triton kernel writes only the padding
     rows; otherwise the device-side ``masked_fill_`` fallback runs.
     """
-    check_cu_metadata("zero_padding_", cu_seqlens, cu_seqlens_padded)
-    _check_args(x, cu_seqlens, valid_end)
-    if cu_seqlens_padded is None:
-        pad = False
-    elif pad_between_seqs is not None:
-        if not isinstance(pad_between_seqs, bool):
-            raise ThdTypeError(
-                "zero_padding_: pad_between_seqs: expected a bool or None, "
-                f"got {type(pad_between_seqs).__name__}"
-            )
-        pad = pad_between_seqs  # an explicit value always wins
-    else:
-        from thd.padding import detect_pad_between_seqs  # thd.padding re-exports this module
-
-        pad = detect_pad_between_seqs(cu_seqlens, cu_seqlens_padded)
+    fn = "zero_padding_"
+    check_args(fn, x, cu_seqlens, cu_seqlens_padded, valid_end)
+    if not isinstance(pad_between_seqs, bool):
+        raise ThdTypeError(f"{fn}: pad_between_seqs: expected a bool, got {type(pad_between_seqs).__name__}")
+    pad = pad_between_seqs and cu_seqlens_padded is not None
     target = x
     if valid_end is not None:
         if valid_end < x.shape[0]:
