@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 TORCH_PIN   ?= torch==2.13.0
 RELEASE_DEPS := packaging==26.4 build==1.6.1 "wheel>=0.48" "setuptools>=75.8.1"
 TEST_DEPS    := $(TORCH_PIN) triton==3.9.0 numpy pytest pytest-xdist hypothesis ruff \
-                installer check-wheel-contents twine jsonschema
+                installer check-wheel-contents twine jsonschema transformers==5.17.0
 OUTDIR      ?= dist
 DEV_OUTDIR  ?= dist-dev
 SHORT_SHA   := $(shell git rev-parse --short HEAD 2>/dev/null)
