@@ -1,22 +1,21 @@
 """Rename and retag a wheel zip-to-zip: no unpacking, no recompression of unchanged members.
 
-Every path is derived from ``canonicalize_name(name)`` and ``str(Version)``; the input is
-verified first (structure without hashes, then each member's hash while it is copied),
-the output is written to a temporary file next to the target, verified in full, and only
-then moved into place with :func:`os.replace`. An identical existing target is left as is.
+Every path is derived from ``canonicalize_name(name)`` and ``str(Version)``. The input passes
+the same full verification as ``verify`` (strict zip structure, every member inflated to its
+size and CRC and checked against RECORD, METADATA and WHEEL included) before anything is
+written; only the WHEEL tag checks are waived, since the repack rewrites them. The output is
+written to a temporary file next to the target, verified in full, and only then moved into
+place with :func:`os.replace`. An identical existing target is left as is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import filecmp
-import hashlib
 import os
 import re
 import tempfile
-import zipfile
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -36,7 +35,8 @@ from release.wheelname import (
     parse_wheel_name,
     validate_project_name,
 )
-from release.zipio import CHUNK, ZipWriter, dos_date_time, iter_raw, normalized_mode
+from release.zipio import ZipWriter, dos_date_time, normalized_mode
+from release.zipread import ZipArchive, ZipFormatError
 
 __all__ = ["RepackResult", "find_extension_modules", "repack_wheel", "source_date_epoch"]
 
@@ -94,53 +94,6 @@ def _rename(member: str, old_di: str, new_di: str, old_data: str, new_data: str)
     return member
 
 
-def _copy_hashed(
-    fp: BinaryIO,
-    info: zipfile.ZipInfo,
-    writer: ZipWriter,
-    name: str,
-    mode: int,
-    dt: tuple[int, ...],
-    algo: str,
-) -> tuple[str, str]:
-    """Copy compressed bytes, hashing the uncompressed stream; return (sha256, input-algo digest)."""
-    sha = hashlib.sha256()
-    other = hashlib.new(algo) if algo != "sha256" else sha
-    size = 0
-    inflater = zlib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
-
-    def feed(data: bytes) -> None:
-        nonlocal size
-        sha.update(data)
-        if other is not sha:
-            other.update(data)
-        size += len(data)
-
-    def chunks() -> Iterator[bytes]:
-        for raw in iter_raw(fp, info):
-            if inflater is None:
-                feed(raw)
-            else:
-                data = inflater.decompress(raw, CHUNK)
-                feed(data)
-                while inflater.unconsumed_tail:
-                    feed(inflater.decompress(inflater.unconsumed_tail, CHUNK))
-            yield raw
-        if inflater is not None:
-            feed(inflater.flush())
-
-    try:
-        writer.add_raw(info, name, chunks(), mode, dt)
-    except zlib.error as exc:
-        raise RepackError("bad-zip", f"{info.filename}: cannot inflate the member data: {exc}") from exc
-    if size != info.file_size:  # the CRC is checked when the output is verified
-        raise RepackError("bad-zip", f"{info.filename}: size does not match the zip directory")
-    return (
-        Hash.of_digest("sha256", sha.digest()).value,
-        Hash.of_digest(algo, other.digest()).value,
-    )
-
-
 def repack_wheel(
     wheel: str | Path,
     *,
@@ -166,7 +119,7 @@ def repack_wheel(
         raise RepackError("usage", f"repack: {exc}") from exc
     if epoch is None:
         epoch = source_date_epoch()
-    report, issues = inspect_wheel(src, check_hashes=False, limits=limits)
+    report, issues = inspect_wheel(src, limits=limits)
     blocking = [i for i in issues if i.code not in _REPAIRABLE]
     if blocking:
         raise WheelVerificationError(f"{src.name}: input wheel is not valid, nothing written", blocking)
@@ -203,22 +156,34 @@ def repack_wheel(
     warnings = [i for i in issues if i.code in _REPAIRABLE] + report.warnings
     if dry_run:
         return RepackResult(src, target, False, plan, None, warnings)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{out_name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
+    job = _Job(report, order, renamed, name, tagset, wn.raw_build, reqs, epoch, progress)
+    created: list[Path] = []
+    tmp: Path | None = None
+    done = False
     try:
-        with os.fdopen(fd, "wb") as out, zipfile.ZipFile(src) as zf, open(src, "rb") as raw:
-            job = _Job(report, order, renamed, name, tagset, wn.raw_build, reqs, epoch, progress)
-            _write(zf, raw, out, job)
+        created = _make_dirs(out_dir)
+        fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{out_name}.", suffix=".tmp")
+        tmp = Path(tmp_name)
+        max_entries = (limits or Limits()).max_members
+        with os.fdopen(fd, "wb") as out, ZipArchive.open(src, max_entries=max_entries) as archive:
+            _write(archive, out, job)
             out.flush()
             os.fsync(out.fileno())
         tmp.chmod(0o666 & ~_umask())
         out_report = verify_wheel(tmp, filename=out_name, limits=limits)
         out_report.path = target
         written = _publish(tmp, target, src, overwrite)
+        done = True
+    except ZipFormatError as exc:  # the input changed after it was verified
+        raise RepackError(exc.code, f"{src.name}: {exc}; nothing written") from exc
+    except OSError as exc:
+        raise RepackError("io-error", f"{target}: cannot write the output: {exc}") from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        if not done:
+            _remove_empty(created)
     return RepackResult(src, target, written, plan, out_report, warnings)
 
 
@@ -246,49 +211,52 @@ def _edit(member: str, data: bytes, job: _Job) -> bytes:
         ) from exc
 
 
-def _write(zf: zipfile.ZipFile, raw: BinaryIO, out: BinaryIO, job: _Job) -> None:
+def _write(archive: ZipArchive, out: BinaryIO, job: _Job) -> None:
+    """Copy the verified members; the new RECORD takes their digests from the verification."""
     report, order, renamed, epoch, progress = job.report, job.order, job.renamed, job.epoch, job.progress
-    infos = {i.filename: i for i in zf.infolist() if not i.filename.endswith("/")}
+    entries = {e.name: e for e in archive.entries if not e.is_dir}
     old_di = report.dist_info
     new_di = renamed.get(f"{old_di}/METADATA", "").rsplit("/", 1)[0]
     writer = ZipWriter(out)
     rows: list[RecordEntry] = []
-    issues: list[Issue] = []
-    total = sum(infos[m].file_size for m in order) or 1
+    total = sum(entries[m].usize for m in order) or 1
     done = 0
     for member in order:
-        info = infos[member]
+        entry = entries[member]
         new = renamed[member]
-        dt = dos_date_time(epoch, info.date_time)
-        mode = normalized_mode(info.external_attr)
+        dt = dos_date_time(epoch, entry.date_time)
+        sha256 = report.sha256[member]
         if member in (f"{old_di}/METADATA", f"{old_di}/WHEEL"):
-            data = _edit(member, zf.read(info), job)
+            data = archive.read(entry, entry.usize)
+            if Hash.of_bytes(data).value != sha256:
+                raise ZipFormatError("bad-zip", member, "content changed after it was verified")
+            data = _edit(member, data, job)
             writer.add_bytes(new, data, 0o644, dt)
             rows.append(RecordEntry(new, Hash.of_bytes(data), len(data)))
-        else:
-            expected = report.record[member].hash
-            sha, digest = _copy_hashed(raw, info, writer, new, mode, dt, expected.name)
-            if digest != expected.value:
-                issues.append(
-                    Issue(
-                        "record-hash",
-                        report.path.name,
-                        member,
-                        f"expected {expected} (RECORD), got "
-                        f"{expected.name}={digest}; refusing to re-hash untrusted content",
-                    )
-                )
-            rows.append(RecordEntry(new, Hash("sha256", sha), info.file_size))
-        done += info.file_size
+        else:  # a changed input is caught when the output is verified against these digests
+            writer.add_raw(entry, new, archive.iter_raw(entry), normalized_mode(entry.external_attr), dt)
+            rows.append(RecordEntry(new, Hash("sha256", sha256), entry.usize))
+        done += entry.usize
         if progress:
             progress(done, total)
-    if issues:
-        raise WheelVerificationError(f"{report.path.name}: input RECORD does not match its content", issues)
     record_name = f"{new_di}/RECORD"
     rows.append(RecordEntry(record_name, None, None))
-    record_info = infos[f"{old_di}/RECORD"]
-    writer.add_bytes(record_name, serialize_record(rows), 0o644, dos_date_time(epoch, record_info.date_time))
+    record_entry = entries[f"{old_di}/RECORD"]
+    writer.add_bytes(record_name, serialize_record(rows), 0o644, dos_date_time(epoch, record_entry.date_time))
     writer.close()
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """``mkdir -p``; return the directories it created, outermost first."""
+    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
+    path.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _remove_empty(created: list[Path]) -> None:
+    for path in reversed(created):
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def _umask() -> int:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 __all__ = ["Limits", "check_path"]
 
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ def check_path(name: str) -> str | None:
         return "has a drive letter"
     if "\x00" in name:
         return "contains NUL"
+    if _CONTROL_RE.search(name):
+        return "contains a control character"
     parts = name.rstrip("/").split("/")
     if ".." in parts:
         return "contains '..'"

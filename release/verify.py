@@ -1,8 +1,10 @@
 """Wheel verification: every check collects issues; :func:`verify_wheel` raises once with all.
 
-Checks: file name grammar; one ``.dist-info`` named like the file; METADATA ``Name`` and
-``Version``; WHEEL ``Wheel-Version``, ``Root-Is-Purelib``, expanded ``Tag`` lines, ``Build``;
-RECORD (every file once, sha256 or stronger, sizes); path safety; size and ratio limits.
+Checks: the archive structure (:mod:`release.zipread`, first violation only: nothing else can be
+trusted after it); file name grammar; one ``.dist-info`` named like the file; METADATA ``Name``
+and ``Version``; WHEEL ``Wheel-Version``, ``Root-Is-Purelib``, expanded ``Tag`` lines,
+``Build``; RECORD (strictly parsed, every file once, sha256 or stronger, sizes, hashes of the
+data inflated to its exact size and CRC); path safety; size and ratio limits.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ import hashlib
 import os
 import re
 import stat
-import zipfile
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +26,12 @@ from release.metadata import get_all, get_first
 from release.record import STRONG_ALGORITHMS, Hash, RecordEntry, RecordParseError, parse_record
 from release.safety import Limits, check_path
 from release.wheelname import WheelName, format_build_tag, parse_wheel_name
+from release.zipread import ZipArchive, ZipEntry, ZipFormatError
 
 __all__ = ["Limits", "WheelReport", "check_path", "inspect_wheel", "verify_wheel"]
 
 _PARALLEL_MIN = 64 << 20  # hash in threads above this many uncompressed bytes
+_MAX_TEXT = 64 << 20  # METADATA, WHEEL and RECORD are read whole; larger ones are refused
 
 
 @dataclass
@@ -46,6 +48,7 @@ class WheelReport:
     files: list[str] = field(default_factory=list)
     total_size: int = 0
     record: dict[str, RecordEntry] = field(default_factory=dict)
+    sha256: dict[str, str] = field(default_factory=dict)  # member -> digest of its checked data
     warnings: list[Issue] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
@@ -84,26 +87,43 @@ class _Checker:
     def run(self) -> None:
         wn = self.check_filename()
         try:
-            with zipfile.ZipFile(self.path) as zf:
-                infos = zf.infolist()
-                self.check_members(infos)
-                if wn is None:
-                    return
-                files = {i.filename: i for i in infos if not i.filename.endswith("/")}
-                dist_info = self.check_layout(wn, list(files))
-                if dist_info is None:
-                    return
-                self.report.dist_info = dist_info
-                self.report.files = list(files)
-                self.report.total_size = sum(i.file_size for i in files.values())
-                for member, check in (("METADATA", self.check_metadata), ("WHEEL", self.check_wheel_file)):
-                    if f"{dist_info}/{member}" in files:
-                        check(wn, zf.read(files[f"{dist_info}/{member}"]), f"{dist_info}/{member}")
-                record_name = f"{dist_info}/RECORD"
-                if record_name in files:
-                    self.check_record(zf, files, record_name)
-        except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, zlib.error) as exc:
+            archive = ZipArchive.open(self.path, max_entries=self.limits.max_members)
+        except ZipFormatError as exc:
+            self.err(exc.code, exc.where, exc.detail)
+            return
+        except OSError as exc:
             self.err("bad-zip", "archive", f"expected a readable zip file, got {exc}")
+            return
+        with archive:
+            self.check_archive(archive, wn)
+
+    def check_archive(self, archive: ZipArchive, wn: WheelName | None) -> None:
+        self.check_members(archive.entries)
+        if wn is None:
+            return
+        files = {e.name: e for e in archive.entries if not e.is_dir}
+        dist_info = self.check_layout(wn, list(files))
+        if dist_info is None:
+            return
+        self.report.dist_info = dist_info
+        self.report.files = list(files)
+        self.report.total_size = sum(e.usize for e in files.values())
+        for member, check in (("METADATA", self.check_metadata), ("WHEEL", self.check_wheel_file)):
+            entry = files.get(f"{dist_info}/{member}")
+            data = None if entry is None else self.read_text(archive, entry)
+            if data is not None:
+                check(wn, data, entry.name)
+        record_name = f"{dist_info}/RECORD"
+        if record_name in files:
+            self.check_record(archive, files, record_name)
+
+    def read_text(self, archive: ZipArchive, entry: ZipEntry) -> bytes | None:
+        """A checked member read whole, or ``None`` after reporting why it cannot be."""
+        try:
+            return archive.read(entry, _MAX_TEXT)
+        except ZipFormatError as exc:
+            self.err(exc.code, exc.where, exc.detail)
+            return None
 
     def check_filename(self) -> WheelName | None:
         try:
@@ -140,27 +160,21 @@ class _Checker:
         self.report.tags = sorted(str(t) for t in wn.tags)
         return wn
 
-    def check_members(self, infos: list[zipfile.ZipInfo]) -> None:
+    def check_members(self, entries: list[ZipEntry]) -> None:
         seen: dict[str, int] = {}
         folded: dict[str, str] = {}
         total = 0
-        if len(infos) > self.limits.max_members:
-            self.err(
-                "too-large", "archive", f"expected <= {self.limits.max_members} members, got {len(infos)}"
-            )
-        for info in infos:
-            name = info.filename
+        for entry in entries:
+            name = entry.name
             seen[name] = seen.get(name, 0) + 1
             if seen[name] == 2:
                 self.err("duplicate-entry", name, "expected one zip entry, got several")
             why = check_path(name)
             if why:
                 self.err("unsafe-path", name, f"expected a relative, normalized '/' path; the path {why}")
-            mode = info.external_attr >> 16
+            mode = entry.external_attr >> 16
             if stat.S_ISLNK(mode):
                 self.err("symlink-entry", name, f"expected a regular file, got a symlink (mode {oct(mode)})")
-            if info.flag_bits & 0x1:
-                self.err("encrypted-entry", name, "expected an unencrypted member")
             lower = name.lower()
             if lower in folded and folded[lower] != name:
                 self.err(
@@ -169,15 +183,15 @@ class _Checker:
                     f"expected unique names ignoring case, collides with {folded[lower]!r}",
                 )
             folded.setdefault(lower, name)
-            total += info.file_size
-            if info.file_size >= self.limits.ratio_min_size:
-                ratio = info.file_size / max(info.compress_size, 1)
+            total += entry.usize
+            if entry.usize >= self.limits.ratio_min_size:
+                ratio = entry.usize / max(entry.csize, 1)
                 if ratio > self.limits.max_ratio:
                     self.err(
                         "too-large",
                         name,
                         f"expected compression ratio <= {self.limits.max_ratio:g}, "
-                        f"got {ratio:.0f} ({info.file_size} bytes from {info.compress_size})",
+                        f"got {ratio:.0f} ({entry.usize} bytes from {entry.csize})",
                     )
         if total > self.limits.max_total_size:
             self.err(
@@ -185,6 +199,18 @@ class _Checker:
                 "archive",
                 f"expected uncompressed size <= {self.limits.max_total_size}, got {total}",
             )
+        self.check_conflicts(seen)
+
+    def check_conflicts(self, names: dict[str, int]) -> None:
+        """A file may not also be a parent directory of another member (no installer can do both)."""
+        files = {n for n in names if not n.endswith("/")}
+        for name in names:
+            parts = name.rstrip("/").split("/")
+            for depth in range(1, len(parts)):
+                parent = "/".join(parts[:depth])
+                if parent in files:
+                    self.err("path-conflict", name, f"expected {parent!r} to be a directory, it is a file")
+                    break
 
     def check_layout(self, wn: WheelName, names: list[str]) -> str | None:
         tops = sorted({n.split("/", 1)[0] for n in names})
@@ -295,9 +321,12 @@ class _Checker:
                 f"expected {expected_build or '(none)'!r} (file name), got {actual_build or '(none)'!r}",
             )
 
-    def check_record(self, zf: zipfile.ZipFile, files: dict[str, zipfile.ZipInfo], record_name: str) -> None:
+    def check_record(self, archive: ZipArchive, files: dict[str, ZipEntry], record_name: str) -> None:
+        data = self.read_text(archive, files[record_name])
+        if data is None:
+            return
         try:
-            entries = parse_record(zf.read(files[record_name]))
+            entries = parse_record(data)
         except RecordParseError as exc:
             self.err("record-parse", record_name, f"expected CSV rows 'path,hash,size', got {exc}")
             return
@@ -323,7 +352,7 @@ class _Checker:
             self.warn("record-self", record_name, "expected a 'RECORD,,' row, got none")
         elif own.hash is not None or own.size is not None:
             self.err("record-self", record_name, f"expected empty hash and size, got {own.to_row()}")
-        to_hash: list[tuple[zipfile.ZipInfo, Hash]] = []
+        to_hash: list[tuple[ZipEntry, Hash]] = []
         for name, info in files.items():
             if name == record_name:
                 continue
@@ -337,39 +366,47 @@ class _Checker:
             if entry.hash.name not in STRONG_ALGORITHMS:
                 self.err("weak-hash", name, f"expected sha256 or stronger, got {entry.hash.name!r}")
                 continue
-            if entry.size is not None and entry.size != info.file_size:
-                self.err("record-size", name, f"expected {entry.size} bytes (RECORD), got {info.file_size}")
+            if entry.size is None:
+                self.err("record-size", name, f"expected a size in RECORD, got none ({info.usize} bytes)")
+            elif entry.size != info.usize:
+                self.err("record-size", name, f"expected {entry.size} bytes (RECORD), got {info.usize}")
             if self.check_hashes:
                 to_hash.append((info, entry.hash))
-        self._check_hashes(zf, to_hash)
+        self._check_hashes(archive, to_hash)
 
-    def _check_hashes(self, zf: zipfile.ZipFile, items: list[tuple[zipfile.ZipInfo, Hash]]) -> None:
+    def _check_hashes(self, archive: ZipArchive, items: list[tuple[ZipEntry, Hash]]) -> None:
         """Hash members, in threads for large archives (hashlib and zlib release the GIL)."""
-        total = sum(info.file_size for info, _ in items)
+        total = sum(entry.usize for entry, _ in items)
         workers = min(4, os.cpu_count() or 1)
         if total < _PARALLEL_MIN or workers < 2:
-            found = [_hash_issue(zf, info, expected) for info, expected in items]
+            found = [_hash_member(archive, entry, expected) for entry, expected in items]
         else:
             with ThreadPoolExecutor(workers) as pool:
-                found = list(pool.map(lambda item: _hash_issue(zf, *item), items))
-        for issue in found:
+                found = list(pool.map(lambda item: _hash_member(archive, *item), items))
+        for (entry, _), (issue, sha256) in zip(items, found, strict=True):
             if issue:
                 self.err(*issue)
+            else:
+                self.report.sha256[entry.name] = sha256
 
 
-def _hash_issue(zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: Hash) -> tuple[str, str, str] | None:
-    """``(code, member, detail)`` when the member cannot be read or its hash differs."""
+def _hash_member(
+    archive: ZipArchive, entry: ZipEntry, expected: Hash
+) -> tuple[tuple[str, str, str] | None, str]:
+    """``((code, member, detail) or None, sha256)``: the member's checked data against RECORD."""
     digest = hashlib.new(expected.name)
+    sha = digest if expected.name == "sha256" else hashlib.sha256()
     try:
-        with zf.open(info) as stream:
-            while chunk := stream.read(1 << 20):
-                digest.update(chunk)
-    except (zipfile.BadZipFile, zlib.error, ValueError, NotImplementedError, RuntimeError) as exc:
-        return ("bad-zip", info.filename, f"expected readable member data, got {exc}")
+        for chunk in archive.iter_data(entry):
+            digest.update(chunk)
+            if sha is not digest:
+                sha.update(chunk)
+    except ZipFormatError as exc:
+        return (exc.code, exc.where, exc.detail), ""
     actual = Hash.of_digest(expected.name, digest.digest())
     if actual != expected:
-        return ("record-hash", info.filename, f"expected {expected} (RECORD), got {actual}")
-    return None
+        return ("record-hash", entry.name, f"expected {expected} (RECORD), got {actual}"), ""
+    return None, Hash.of_digest("sha256", sha.digest()).value
 
 
 def inspect_wheel(

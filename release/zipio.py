@@ -1,4 +1,4 @@
-"""Zip plumbing: raw (still-compressed) member reads and a small deterministic zip writer.
+"""A small deterministic zip writer (reading is :mod:`release.zipread`'s job).
 
 The writer emits exactly the bytes we ask for: no extra fields besides ZIP64, fixed
 version fields, the caller's timestamps and permissions. Unchanged members are copied as
@@ -10,21 +10,20 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import BinaryIO
-from zipfile import ZIP_DEFLATED, ZIP_STORED, ZipInfo
+
+from release.zipread import ZipEntry
+from release.ziprecords import DEFLATED, STORED
 
 __all__ = [
-    "CHUNK",
     "RawMember",
     "ZipWriter",
     "dos_date_time",
-    "iter_raw",
     "normalized_mode",
 ]
 
-CHUNK = 1 << 20
 _LOCAL_SIG = b"PK\x03\x04"
 _U32 = 0xFFFFFFFF
 _U16 = 0xFFFF
@@ -33,35 +32,30 @@ _MIN_DOS_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest zip timestamp
 
 
 def dos_date_time(epoch: int | None, fallback: tuple[int, ...] = (1980, 1, 1, 0, 0, 0)) -> tuple[int, ...]:
-    """UTC date tuple for ``epoch`` (clamped to 1980..2107), or ``fallback`` (clamped too)."""
+    """UTC date tuple for ``epoch`` (clamped to 1980..2107), or ``fallback`` (1980 if invalid)."""
     if epoch is None:
         dt = tuple(fallback)
-        return dt if dt >= (1980, 1, 1, 0, 0, 0) else (1980, 1, 1, 0, 0, 0)
+        return dt if _valid_date(dt) else (1980, 1, 1, 0, 0, 0)
     epoch = min(max(epoch, _MIN_DOS_EPOCH), 4354819199)
     return tuple(time.gmtime(epoch)[:6])
+
+
+def _valid_date(dt: tuple[int, ...]) -> bool:
+    year, month, day, hour, minute, second = dt
+    return (
+        1980 <= year <= 2107
+        and 1 <= month <= 12
+        and 1 <= day <= 31
+        and hour < 24
+        and minute < 60
+        and second < 60
+    )
 
 
 def normalized_mode(external_attr: int) -> int:
     """0o755 if any executable bit is set in the source mode, else 0o644."""
     mode = (external_attr >> 16) & 0o777
     return 0o755 if mode & 0o111 else 0o644
-
-
-def iter_raw(fp: BinaryIO, info: ZipInfo) -> Iterator[bytes]:
-    """Yield the compressed bytes of ``info`` from the archive file ``fp`` in chunks."""
-    fp.seek(info.header_offset)
-    header = fp.read(30)
-    if len(header) != 30 or header[:4] != _LOCAL_SIG:
-        raise ValueError(f"{info.filename}: bad local file header")
-    name_len, extra_len = struct.unpack("<HH", header[26:30])
-    fp.seek(info.header_offset + 30 + name_len + extra_len)
-    left = info.compress_size
-    while left:
-        chunk = fp.read(min(CHUNK, left))
-        if not chunk:
-            raise ValueError(f"{info.filename}: truncated member data")
-        left -= len(chunk)
-        yield chunk
 
 
 @dataclass
@@ -118,26 +112,26 @@ class ZipWriter:
         )
 
     def add_raw(
-        self, info: ZipInfo, name: str, chunks: Iterator[bytes], mode: int, date_time: tuple[int, ...]
+        self, entry: ZipEntry, name: str, chunks: Iterable[bytes], mode: int, date_time: tuple[int, ...]
     ) -> None:
-        """Copy a member's compressed bytes unchanged under a (possibly new) name."""
-        if info.compress_type not in (ZIP_STORED, ZIP_DEFLATED):
-            raise ValueError(f"{info.filename}: unsupported compression method {info.compress_type}")
-        self._start(name, info.compress_type, info.CRC, info.compress_size, info.file_size, mode, date_time)
+        """Copy a checked member's compressed bytes unchanged under a (possibly new) name."""
+        if entry.method not in (STORED, DEFLATED):
+            raise ValueError(f"{entry.name}: unsupported compression method {entry.method}")
+        self._start(name, entry.method, entry.crc, entry.csize, entry.usize, mode, date_time)
         written = 0
         for chunk in chunks:
             self._fp.write(chunk)
             written += len(chunk)
-        if written != info.compress_size:
-            raise ValueError(f"{info.filename}: copied {written} bytes, expected {info.compress_size}")
+        if written != entry.csize:
+            raise ValueError(f"{entry.name}: copied {written} bytes, expected {entry.csize}")
 
     def add_bytes(self, name: str, data: bytes, mode: int, date_time: tuple[int, ...]) -> None:
         """Add an in-memory member, deflated at level 6 (stored if that is not smaller)."""
         comp = zlib.compressobj(6, zlib.DEFLATED, -15)
         packed = comp.compress(data) + comp.flush()
-        method = ZIP_DEFLATED
+        method = DEFLATED
         if len(packed) >= len(data):
-            packed, method = data, ZIP_STORED
+            packed, method = data, STORED
         self._start(name, method, zlib.crc32(data), len(packed), len(data), mode, date_time)
         self._fp.write(packed)
 

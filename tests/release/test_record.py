@@ -28,8 +28,8 @@ def test_crlf_and_quoted_comma() -> None:
     [
         (b"a,sha256=x\n", "row 1: expected 3 fields"),
         (b"a,sha256=x,1\nb,sha256=y,big\n", r"row 2 \('b'\): size"),
-        (b"a,sha256=x,-1\n", "expected >= 0"),
-        (b"a,nohash,1\n", "algorithm=digest"),
+        (b"a,sha256=x,-1\n", "ASCII digits"),
+        (b"a,nohash,1\n", "algorithm=urlsafe-base64 digest"),
         (b",sha256=x,1\n", "empty path"),
         (b"\xff,,\n", "not UTF-8"),
     ],

@@ -16,6 +16,7 @@ from release.errors import RepackError, WheelVerificationError
 from release.metadata import get_all, get_first
 from release.repack import repack_wheel
 from release.verify import Limits, verify_wheel
+from release.zipread import ZipArchive
 from tests.release.wheelkit import foo_members, record_for, wheel_file, write_zip
 
 TARGET = "py3-none-manylinux_2_28_x86_64"
@@ -33,10 +34,9 @@ def names(path: Path) -> list[str]:
 
 
 def raw_bytes(path: Path, member: str) -> bytes:
-    with zipfile.ZipFile(path) as zf, open(path, "rb") as fp:
-        from release.zipio import iter_raw
-
-        return b"".join(iter_raw(fp, zf.getinfo(member)))
+    with ZipArchive.open(path) as archive:
+        entry = next(e for e in archive.entries if e.name == member)
+        return b"".join(archive.iter_raw(entry))
 
 
 def test_reference_regression(foo_wheel: Path, tmp_path: Path) -> None:  # case 1
@@ -159,10 +159,10 @@ def test_tampered_input_refused(make_wheel, tmp_path: Path) -> None:  # case 22
     members = foo_members()
     members[0] = ("foo/__init__.py", b"VALUE = 2\n")
     src = make_wheel("foo-0.3.0.dev0-py3-none-any.whl", members)
-    with pytest.raises(WheelVerificationError, match="input RECORD") as exc_info:
+    with pytest.raises(WheelVerificationError, match="input wheel is not valid") as exc_info:
         repack_wheel(src, name="foo_cu12", tags=TARGET, outdir=tmp_path / "o")
     assert exc_info.value.codes == {"record-hash"}
-    assert list((tmp_path / "o").iterdir()) == []  # the temporary file was removed
+    assert not (tmp_path / "o").exists()  # refused before anything was created
 
 
 def test_crlf_record_input(make_wheel, tmp_path: Path) -> None:  # case 25
