@@ -18,7 +18,7 @@ import os
 import stat
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -53,7 +53,7 @@ _MAX_COMMENT = U16 + EOCD.size
 ReadAt = Callable[[int, int], bytes]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ZipEntry:
     """One member as the central directory (checked against its local header) describes it."""
 
@@ -193,8 +193,8 @@ def parse_archive(at: ReadAt, size: int, max_entries: int) -> list[ZipEntry]:
     if count > max_entries:
         raise ZipFormatError("too-large", "archive", f"expected <= {max_entries} members, got {count}")
     entries = _central_directory(at(cd_offset, cd_size), count)
-    located = {e.offset: e for e in _local_headers(at, entries, cd_offset)}
-    return [located[e.offset] for e in entries]
+    _local_headers(at, entries, cd_offset)
+    return entries
 
 
 def _end_records(at: ReadAt, size: int) -> tuple[int, int, int]:
@@ -313,9 +313,11 @@ def _central_directory(data: bytes, count: int) -> list[ZipEntry]:
     return entries
 
 
-def _local_headers(at: ReadAt, entries: list[ZipEntry], cd_offset: int) -> list[ZipEntry]:
-    """Check that the local records tile ``[0, cd_offset)`` and repeat their central entries."""
-    out: list[ZipEntry] = []
+def _local_headers(at: ReadAt, entries: list[ZipEntry], cd_offset: int) -> None:
+    """Check that the local records tile ``[0, cd_offset)`` and repeat their central entries.
+
+    Sets each entry's ``data_offset``.
+    """
     expected = 0
     for entry in sorted(entries, key=lambda e: e.offset):
         name = entry.name
@@ -332,18 +334,16 @@ def _local_headers(at: ReadAt, entries: list[ZipEntry], cd_offset: int) -> list[
                 name,
                 f"local header at {entry.offset} overlaps the previous member (ends at {expected})",
             )
-        sig, _, flags, method, _, _, crc, csize, usize, n_name, n_extra = LOCAL.unpack(
-            at(entry.offset, LOCAL.size)
-        )
-        if sig != SIG_LOCAL:
+        expected_name = entry.raw_name()
+        head = at(entry.offset, max(0, min(LOCAL.size + len(expected_name), cd_offset - entry.offset)))
+        if len(head) < LOCAL.size or head[:4] != SIG_LOCAL:
             raise ZipFormatError("bad-zip", name, f"expected a local file header at byte {entry.offset}")
-        raw = at(entry.offset + LOCAL.size, n_name)
+        _, _, flags, method, _, _, crc, csize, usize, n_name, n_extra = LOCAL.unpack_from(head)
+        raw = head[LOCAL.size :] if n_name == len(expected_name) else at(entry.offset + LOCAL.size, n_name)
         where = f"{name} (local header)"
-        if raw != entry.raw_name():
+        if raw != expected_name:
             raise ZipFormatError(
-                "zip-mismatch",
-                where,
-                f"expected the central directory's name {entry.raw_name()!r}, got {raw!r}",
+                "zip-mismatch", where, f"expected the central directory's name {expected_name!r}, got {raw!r}"
             )
         extra = parse_extra(at(entry.offset + LOCAL.size + n_name, n_extra), name, where)
         usize, csize = resolve_zip64([usize, csize], extra, where)
@@ -368,7 +368,7 @@ def _local_headers(at: ReadAt, entries: list[ZipEntry], cd_offset: int) -> list[
             )
         data_offset = entry.offset + LOCAL.size + n_name + n_extra
         expected = data_offset + entry.csize
-        out.append(replace(entry, data_offset=data_offset))
+        entry.data_offset = data_offset
     if expected < cd_offset:
         raise ZipFormatError(
             "zip-outside-data",
@@ -380,4 +380,3 @@ def _local_headers(at: ReadAt, entries: list[ZipEntry], cd_offset: int) -> list[
         raise ZipFormatError(
             "bad-zip", "archive", f"member data runs into the central directory ({expected} > {cd_offset})"
         )
-    return out

@@ -5,6 +5,7 @@ Each helper raises :class:`ZipFormatError` with the issue code the wheel checks 
 
 from __future__ import annotations
 
+import re
 import struct
 
 __all__ = [
@@ -45,6 +46,7 @@ _UTF8 = 0x0800
 # 13 masked headers, the rest reserved.
 _DEFLATE_HINTS = 0x0006
 _ZIP64_ID = 0x0001
+_CONTROL_RE = re.compile(rb"[\x00-\x1f\x7f]")
 _UNICODE_PATH_ID = 0x7075
 
 
@@ -84,12 +86,12 @@ def decode_name(raw: bytes, flags: int, where: str) -> str:
     """Validate a member name on its raw bytes, then decode it (UTF-8 with bit 11, else ASCII)."""
     if not raw:
         raise ZipFormatError("unsafe-path", where, "expected a member name, got an empty one")
-    bad = next((b for b in raw if b < 0x20 or b == 0x7F), None)
+    bad = _CONTROL_RE.search(raw)
     if bad is not None:
         raise ZipFormatError(
             "unsafe-path",
             where,
-            f"expected no control characters in the name, got {bytes([bad])!r} in {raw!r}",
+            f"expected no control characters in the name, got {bad.group()!r} in {raw!r}",
         )
     if flags & _UTF8:
         try:
@@ -140,6 +142,8 @@ def resolve_zip64(values: list[int], extra: dict[int, bytes], where: str) -> lis
     The zip64 field must hold exactly the values that are needed: no more, no less.
     """
     payload = extra.get(_ZIP64_ID, b"")
+    if not payload and U32 not in values and (len(values) < 4 or values[3] != U16):
+        return values
     out, pos = [], 0
     for index, value in enumerate(values):
         sentinel, width = (U16, 4) if index == 3 else (U32, 8)
