@@ -1,5 +1,9 @@
 """Point-to-point ring exchanges over ``torch.distributed``: the one home of stream and order rules.
 
+Which communicator carries the exchanges (the user's group, a high-priority NCCL communicator
+derived from it, or symmetric memory) is chosen by :func:`thd.cp.transport.ring_comm`; this
+module is the plain ``torch.distributed`` transport they share.
+
 Rules (everything in :mod:`thd.cp.ring` goes through :class:`RingComm`):
 
 - Every exchange is one ``dist.batch_isend_irecv`` call, so the sends and receives of a ring
@@ -14,6 +18,10 @@ Rules (everything in :mod:`thd.cp.ring` goes through :class:`RingComm`):
   blocks the host on CUDA (gloo waits on the host).
 - Overlap comes from posting the exchange of step ``i + 1`` before queuing the compute of step
   ``i`` and waiting for it only after.
+- On NCCL a batch is posted straight through the group's coalescing calls
+  (``_start_coalescing``/``send``/``recv``/``_end_coalescing``, what ``batch_isend_irecv`` does
+  after its argument checks), which saves host time per exchange; other backends, and torch
+  builds without those calls, go through ``dist.batch_isend_irecv``.
 """
 
 from __future__ import annotations
@@ -30,18 +38,19 @@ from thd.errors import ThdDistributedError
 
 __all__ = ["Pending", "RingComm", "resolve_group"]
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+_SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
 
 
-def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """The cached communication stream of a CUDA device (``THD_CP_SIDE_STREAM=0`` disables it)."""
-    if device.type != "cuda" or os.environ.get("THD_CP_SIDE_STREAM", "1") == "0":
+def _side_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream | None:
+    """The cached communication stream of a CUDA device and priority (lower is more urgent;
+    ``THD_CP_SIDE_STREAM=0`` disables the side stream of the NCCL/gloo transport)."""
+    if device.type != "cuda" or (priority == 0 and os.environ.get("THD_CP_SIDE_STREAM", "1") == "0"):
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _SIDE_STREAMS.get(index)
+    stream = _SIDE_STREAMS.get((index, priority))
     if stream is None:
-        stream = torch.cuda.Stream(device=index)
-        _SIDE_STREAMS[index] = stream
+        stream = torch.cuda.Stream(device=index, priority=priority)
+        _SIDE_STREAMS[(index, priority)] = stream
     return stream
 
 
@@ -82,13 +91,34 @@ class Pending:
 
 
 class RingComm:
-    """Sends to the next rank and receives from the previous one (or the reverse) in a group."""
+    """Sends to the next rank and receives from the previous one (or the reverse) in a group.
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
+    ``group`` is the user's group: it defines the ring order (its group ranks) and carries the
+    collectives of the argument checks. ``p2p_group`` carries the sends and receives: the same
+    group, or a communicator with the same members derived from it (see
+    :mod:`thd.cp.transport`). ``transport`` and ``reason`` say which one and why.
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        p2p_group: dist.ProcessGroup | None = None,
+        *,
+        transport: str = "",
+        reason: str = "",
+    ) -> None:
         self.group = group
+        self.p2p_group = group if p2p_group is None else p2p_group
+        self.transport = transport or "group"
+        self.reason = reason
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self._global = [dist.get_global_rank(group, r) for r in range(self.size)]
+        self._p2p_rank = {g: dist.get_group_rank(self.p2p_group, g) for g in self._global}
+        self._coalesce: bool | None = None  # whether the lean coalesced NCCL path applies (per device type)
+
+    def __repr__(self) -> str:
+        return f"RingComm(size={self.size}, rank={self.rank}, transport={self.transport!r})"
 
     def peer(self, offset: int) -> int:
         """Global rank of the group member ``offset`` places after this one (mod size)."""
@@ -96,22 +126,55 @@ class RingComm:
 
     def send(self, tensor: Tensor, offset: int, tag: int) -> dist.P2POp:
         """An isend of ``tensor`` to the member ``offset`` places away (``+1`` next, ``-1`` previous)."""
-        return dist.P2POp(dist.isend, tensor, self.peer(offset), self.group, tag)
+        return dist.P2POp(dist.isend, tensor, self.peer(offset), self.p2p_group, tag)
 
     def recv(self, tensor: Tensor, offset: int, tag: int) -> dist.P2POp:
         """An irecv into ``tensor`` from the member ``offset`` places away."""
-        return dist.P2POp(dist.irecv, tensor, self.peer(offset), self.group, tag)
+        return dist.P2POp(dist.irecv, tensor, self.peer(offset), self.p2p_group, tag)
 
     def start(self, ops: Sequence[dist.P2POp]) -> Pending:
         """Post ``ops`` as one batch (one NCCL group); returns the :class:`Pending` handle."""
         if not ops:
             return Pending()
         tensors = [op.tensor for op in ops]
-        stream = _side_stream(tensors[0].device)
+        device = tensors[0].device
+        stream = _side_stream(device)
         if stream is None:
-            return Pending(list(dist.batch_isend_irecv(list(ops))), tensors)
-        current = torch.cuda.current_stream(tensors[0].device)
+            return Pending(self._post(ops, device), tensors)
+        current = torch.cuda.current_stream(device)
         stream.wait_stream(current)  # buffers produced/freed by queued work are safe; forks under capture
         with torch.cuda.stream(stream):
-            works = dist.batch_isend_irecv(list(ops))
-        return Pending(list(works), tensors, stream)
+            works = self._post(ops, device)
+        return Pending(works, tensors, stream)
+
+    def _post(self, ops: Sequence[dist.P2POp], device: torch.device) -> list[dist.Work]:
+        """Issue ``ops`` as one coalesced batch on ``p2p_group`` (from the current stream)."""
+        group = self.p2p_group
+        if self._coalesce is None:
+            self._coalesce = _can_coalesce(group, device)
+        if not self._coalesce:
+            return list(dist.batch_isend_irecv(list(ops)))
+        group._start_coalescing(device)
+        try:
+            for op in ops:
+                peer = self._p2p_rank[op.peer]
+                if op.op is dist.isend:
+                    group.send([op.tensor], peer, op.tag)
+                else:
+                    group.recv([op.tensor], peer, op.tag)
+        finally:
+            work = group._end_coalescing(device)
+        return [work]
+
+
+def _can_coalesce(group: dist.ProcessGroup, device: torch.device) -> bool:
+    """Whether ``group`` on ``device`` is a plain NCCL-style group that coalesces P2P batches
+    (what ``batch_isend_irecv`` checks before taking the same path)."""
+    if device.type != "cuda" or type(group) is not dist.ProcessGroup:
+        return False
+    if not all(hasattr(group, name) for name in ("_start_coalescing", "_end_coalescing", "_get_backend")):
+        return False
+    try:
+        return bool(group._get_backend(device).supports_coalescing)
+    except (RuntimeError, AttributeError, ValueError):
+        return False
