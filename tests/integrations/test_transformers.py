@@ -224,18 +224,44 @@ def test_window_that_covers_every_document_is_a_no_op() -> None:
     assert_close(_attn_call(fn, sliding_window=11), _dense_reference(), "window 11", **OUT_TOL)
 
 
-def test_window_convention_matches_transformers_sliding_mask(monkeypatch: pytest.MonkeyPatch) -> None:
-    """(sliding_window - 1, 0), checked against sdpa's sliding mask through a stand-in that has
-    window_size, so the convention is verified whatever the installed thd.attention accepts."""
+@pytest.mark.parametrize("impl", ["stand-in", "thd"])
+def test_window_convention_matches_transformers_sliding_mask(
+    impl: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(sliding_window - 1, 0), checked against sdpa's sliding mask: through a stand-in that has
+    window_size (the convention, whatever thd.attention accepts) and through thd.attention."""
     from tests.integrations._window import windowed_attention
 
-    monkeypatch.setattr(thd, "attention", windowed_attention)
+    if impl == "stand-in":
+        monkeypatch.setattr(thd, "attention", windowed_attention)
+    elif "window_size" not in features.accepted_kwargs(thd.attention):
+        pytest.skip("this thd.attention has no window_size")
     docs = documents([13, 6, 20], seed=2)
     _assert_same(
         _run_thd("mistral", docs, "cu_seq_lens", sliding_window=5),
         _oracle("mistral", docs, sliding_window=5),
     )
     assert features.window_size(5, causal=True) == (4, 0)
+
+
+def test_triton_interpreter_matches_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registered function through the Triton kernels (interpreter on CPU): packed and padded."""
+    if torch.cuda.is_available():
+        pytest.skip("the GPU tests run the kernels themselves")
+    fn = attention_mod.make_attention_function()
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, h, 8, 32, generator=g) for h in (2, 1, 1))
+    mask = torch.tensor([[True] * 8, [True] * 3 + [False] * 5])
+    module = torch.nn.Module()
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
+    want_padded = fn(module, q, k, v, mask)[0]
+    want_packed = _attn_call(fn)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("THD_ATTENTION_BACKEND")
+    got_padded = fn(module, q, k, v, mask)[0]
+    assert_close(got_padded[1, :3], want_padded[1, :3], "padded row 1", **OUT_TOL)
+    assert_close(got_padded[0], want_padded[0], "padded row 0", **OUT_TOL)
+    assert_close(_attn_call(fn), want_packed, "packed", **OUT_TOL)
 
 
 def test_dropout_is_refused() -> None:
