@@ -175,7 +175,7 @@ def repack_wheel(
         written = _publish(tmp, target, src, overwrite)
         done = True
     except ZipFormatError as exc:  # the input changed after it was verified
-        raise RepackError(exc.code, f"{src.name}: {exc}; nothing written") from exc
+        raise RepackError(exc.code, f"{src.name}: {exc.code}: {exc}; nothing written") from exc
     except OSError as exc:
         raise RepackError("io-error", f"{target}: cannot write the output: {exc}") from exc
     finally:

@@ -7,7 +7,7 @@
 * Local headers tile the file from byte 0 up to the central directory (no leading junk, gaps or
   overlaps), and each repeats its central entry: name bytes, flags, method, CRC and sizes.
 * Stored or deflate only; no encryption, data descriptors or patched data; names are checked on
-  their raw bytes (:mod:`release.ziprecords`); directory entries carry no data.
+  their raw bytes (:mod:`release.ziprecords`); directory entries declare no data.
 * Member data is handed out only through :meth:`ZipArchive.iter_data`, which inflates it to
   exactly its size and checks its CRC (and that the deflate stream fills the member exactly).
 """
@@ -295,8 +295,8 @@ def _central_directory(data: bytes, count: int) -> list[ZipEntry]:
             raise ZipFormatError(
                 "zip-outside-data", name, f"expected no entry comment, got {n_comment} bytes"
             )
-        check_flags(flags, method, name)
         check_method(method, name)
+        check_flags(flags, method, name)
         extra = parse_extra(data[start + n_name : start + n_name + n_extra], name, name)
         usize, csize, offset, disk = resolve_zip64([usize, csize, offset, disk], extra, name)
         if disk:
@@ -358,9 +358,9 @@ def _local_headers(at: ReadAt, entries: list[ZipEntry], cd_offset: int) -> None:
                 raise ZipFormatError(
                     "zip-mismatch", where, f"expected the central directory's {label} {want}, got {got}"
                 )
-        if entry.is_dir and (entry.csize or entry.usize):
+        if entry.is_dir and entry.usize:
             raise ZipFormatError(
-                "zip-directory", name, f"expected a directory entry without data, got {entry.csize} bytes"
+                "zip-directory", name, f"expected a directory entry without data, got {entry.usize} bytes"
             )
         if entry.method == STORED and entry.csize != entry.usize:
             raise ZipFormatError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import venv
 import warnings
 import zipfile
 from collections.abc import Iterable, Sequence
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from release.record import Hash
@@ -47,17 +49,30 @@ def wheel_file(tags: Sequence[str], build: str = "", purelib: str = "true") -> b
     return ("\n".join(lines) + "\n").encode()
 
 
-def write_zip(path: Path, members: Iterable[Member], date_time=(2020, 1, 1, 0, 0, 0)) -> Path:
-    """Write members exactly as given (duplicates, odd paths and modes included)."""
+def write_zip(
+    path: Path,
+    members: Iterable[Member],
+    date_time=(2020, 1, 1, 0, 0, 0),
+    compression: int = zipfile.ZIP_DEFLATED,
+    zip64: bool = False,
+) -> Path:
+    """Write members exactly as given (duplicates, odd paths and modes included).
+
+    ``zip64`` gives every member a zip64 extra field in its local header (``force_zip64``).
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zipfile warns on duplicate names
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        with zipfile.ZipFile(path, "w", compression) as zf:
             for m in members:
                 info = zipfile.ZipInfo(m[0], date_time=date_time)
-                info.compress_type = zipfile.ZIP_DEFLATED
+                info.compress_type = compression
                 mode = m[2] if len(m) > 2 else 0o100644
                 info.external_attr = mode << 16
-                zf.writestr(info, m[1])
+                if zip64:
+                    with zf.open(info, "w", force_zip64=True) as stream:
+                        stream.write(m[1])
+                else:
+                    zf.writestr(info, m[1])
     return path
 
 
@@ -82,6 +97,27 @@ def foo_members(
     ]
     members.append((f"{di}/RECORD", record_for(members, f"{di}/RECORD")))
     return members
+
+
+def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
+    """``python -m release ARGV`` in-process: (exit status, stdout, stderr)."""
+    from release.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def assert_clean_failure(rc: int, err: str, code: str | None = None) -> None:
+    """Exit 1, exactly one ``ERROR:`` line, every other line a warning or an indented issue."""
+    lines = err.splitlines()
+    assert rc == 1, err
+    assert "Traceback" not in err, err
+    assert sum(line.startswith("ERROR: ") for line in lines) == 1, err
+    assert all(line.startswith(("ERROR: ", "WARNING: ", "    ")) for line in lines), err
+    if code is not None:
+        assert f": {code}: " in err, err
 
 
 def project_copy(dest: Path, version_text: str) -> Path:
