@@ -157,7 +157,11 @@ def _worker_selection(rank: int, world: int) -> None:
 
     # The ring through the derived communicator is bit-identical to the group as given.
     lens = [13, 40, 7]
+    posted = []
+    start = derived.start
+    derived.start = lambda ops: posted.append(len(ops)) or start(ops)  # type: ignore[method-assign]
     got = _ring(lens, (4, 2, 16), None, rank, world, "cpu", torch.float32, 1)
+    assert posted == [4, 4, 4], f"ring_attention did not post its exchanges through ring_comm: {posted}"
     assert tp.ring_comm(world_group, x) is derived
     os.environ["THD_CP_TRANSPORT"] = "nccl"
     want = _ring(lens, (4, 2, 16), None, rank, world, "cpu", torch.float32, 1)
