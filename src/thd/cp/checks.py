@@ -10,8 +10,8 @@ from torch import Tensor
 from thd import layout as _layout
 from thd._capture import is_capturing
 from thd.cp.comm import RingComm
-from thd.errors import ThdDistributedError, ThdError, ThdValueError
-from thd.ops.attention.checks import check_qkv
+from thd.errors import ThdDistributedError, ThdValueError
+from thd.ops.attention.checks import check_layout_tensors, check_max_seqlen, check_qkv
 
 __all__ = ["check_metadata", "check_shards", "check_values", "max_len", "resolve_max_seqlen"]
 
@@ -37,23 +37,9 @@ def check_metadata(
             f"{_FN}: shard rows: causal ring attention is self-attention, expected q and k/v with the "
             f"same number of rows, got {q.shape[0]} and {k.shape[0]}"
         )
-    for side, cu, cup in (("q", cu_q, cup_q), ("kv", cu_kv, cup_kv)):
-        try:
-            _layout.check_cu_metadata(_FN, cu, cup)
-        except ThdError as exc:
-            raise type(exc)(f"{exc} [{side} side]") from None
-        if cu.device != q.device:
-            raise ThdValueError(
-                f"{_FN}: cu_seqlens_{side} device: expected {q.device} (as q), got {cu.device}"
-            )
-    if cu_q.shape != cu_kv.shape:
-        raise ThdValueError(
-            f"{_FN}: cu_seqlens_kv shape: expected {list(cu_q.shape)} (as cu_seqlens_q), "
-            f"got {list(cu_kv.shape)}"
-        )
-    for name, m in (("max_seqlen_q", max_q), ("max_seqlen_kv", max_kv)):
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
-            raise ThdValueError(f"{_FN}: {name}: expected an int >= 0 or None, got {m!r}")
+    check_layout_tensors(_FN, q, k, cu_q, cu_kv, cup_q, cup_kv)
+    check_max_seqlen(_FN, "max_seqlen_q", max_q)
+    check_max_seqlen(_FN, "max_seqlen_kv", max_kv)
 
 
 def check_shards(comm: RingComm, q: Tensor, k: Tensor, v: Tensor, error: Exception | None) -> None:

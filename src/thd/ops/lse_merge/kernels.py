@@ -31,7 +31,8 @@ def _lse_merge_fwd_kernel(
     BLOCK_T: tl.constexpr,
 ):
     """One program: ``BLOCK_T`` rows of one head. Weights are in [0, 1], so rows that are
-    exact zeros in both parts stay exact zeros, and ``-inf`` on both sides stays ``-inf``."""
+    exact zeros in both parts stay exact zeros, and ``-inf`` on both sides stays ``-inf``;
+    a NaN lse on either side gives NaN."""
     head = tl.program_id(1)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_DV)
@@ -43,7 +44,7 @@ def _lse_merge_fwd_kernel(
     w_a = tl.exp(lse_a - hi)
     w_b = tl.exp(lse_b - hi)
     total = w_a + w_b
-    has_any = total > 0.0
+    has_any = total != 0.0  # True for NaN, which then propagates to lse and out
     inv = tl.where(has_any, 1.0 / tl.where(has_any, total, 1.0), 0.0)
     lse = tl.where(has_any, hi + tl.log(tl.where(has_any, total, 1.0)), float("-inf"))
     tl.store(lse_ptr + head * stride_l_h + offs_t, lse, mask=mask_t)
