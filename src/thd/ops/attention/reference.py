@@ -7,6 +7,13 @@ differences of ``cu_seqlens_*``. Causal masking is bottom-right aligned: query `
 key ``j`` iff ``j <= i + Lk_b - Lq_b``. Rows that are not real query rows get exact zeros in
 ``out`` and ``-inf`` in ``lse``; so does a query that sees no key. Padding rows of the
 inputs are never read.
+
+NaN is never hidden: a NaN in a real row of ``q`` or in a key a query sees makes its ``out``
+and ``lse`` NaN, a NaN in a value it sees makes its ``out`` NaN (as
+``torch.nn.functional.scaled_dot_product_attention`` per sequence). A NaN value in a causally
+masked key also reaches the queries of its sequence (``0 * NaN`` in the matmul, as in SDPA's
+math backend); a NaN key it cannot see does not. NaN in padding rows never propagates.
+Meta ``q`` gives meta outputs of the right shapes (no lengths are read).
 """
 
 from __future__ import annotations
@@ -14,14 +21,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from thd.errors import ThdValueError
+
 __all__ = ["attention", "attention_backward", "attention_forward", "sequence_spans"]
 
 
 def sequence_spans(cu_seqlens: Tensor, cu_seqlens_padded: Tensor | None) -> list[tuple[int, int]]:
     """Host list of ``(start_row, real_length)`` per sequence (one device-to-host copy)."""
+    if cu_seqlens.is_meta or (cu_seqlens_padded is not None and cu_seqlens_padded.is_meta):
+        raise ThdValueError(
+            "reference attention: cu_seqlens device: meta tensors hold no lengths; "
+            "pass them on a real device (or q, k, v on meta too, for shapes only)"
+        )
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     starts = (cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded)[:-1].tolist()
     return list(zip(starts, lengths, strict=True))
+
+
+def _spans(
+    q: Tensor, cu_q: Tensor, cu_kv: Tensor, cup_q: Tensor | None, cup_kv: Tensor | None
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Per-sequence spans of both sides; none for meta ``q`` (outputs are shapes only)."""
+    if q.is_meta:
+        return [], []
+    return sequence_spans(cu_q, cup_q), sequence_spans(cu_kv, cup_kv)
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -38,11 +61,15 @@ def _sequence_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: fl
         rows = torch.arange(lq, device=q.device)[:, None]
         cols = torch.arange(lk, device=q.device)[None, :]
         scores = scores.masked_fill(cols > rows + (lk - lq), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [H, Lq]; -inf where no key is visible
-    visible = torch.isfinite(lse)
-    probs = torch.where(visible[..., None], torch.exp(scores - lse[..., None]), 0.0)
+    lse = torch.logsumexp(scores, dim=-1)  # [H, Lq]; -inf where no key is visible, NaN stays NaN
+    probs = torch.where(_sees_a_key(lse)[..., None], torch.exp(scores - lse[..., None]), 0.0)
     out = torch.einsum("hqk,khd->qhd", probs, v.to(ct))
     return out, lse
+
+
+def _sees_a_key(lse: Tensor) -> Tensor:
+    """Rows whose softmax is defined: ``lse != -inf``. NaN rows count, so NaN propagates."""
+    return lse != float("-inf")
 
 
 def _expand_kv(x: Tensor, num_q_heads: int) -> Tensor:
@@ -82,8 +109,7 @@ def attention(
     anchor = (q[:0].sum() + k[:0].sum() + v[:0].sum()).to(ct)
     out = q.new_zeros(q.shape[0], num_heads, v.shape[-1], dtype=ct) + anchor
     lse = q.new_full((num_heads, q.shape[0]), float("-inf"), dtype=ct)
-    q_spans = sequence_spans(cu_seqlens_q, cu_seqlens_q_padded)
-    kv_spans = sequence_spans(cu_seqlens_kv, cu_seqlens_kv_padded)
+    q_spans, kv_spans = _spans(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     for (q0, lq), (k0, lk) in zip(q_spans, kv_spans, strict=True):
         if lq == 0:
             continue
@@ -146,14 +172,14 @@ def attention_backward(
 
     ``P = exp(S - lse)``, ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * out))``,
     ``dQ = scale * dS K``, ``dK = scale * dS^T Q``. Rows with ``lse = -inf`` contribute
-    nothing. Returns ``dq, dk, dv`` in the input dtypes, exact zeros on padding rows.
+    nothing; NaN (in ``lse`` or the real rows) propagates. Returns ``dq, dk, dv`` in the input
+    dtypes, exact zeros on padding rows.
     """
     num_heads, group = q.shape[1], q.shape[1] // k.shape[1]
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
-    q_spans = sequence_spans(cu_seqlens_q, cu_seqlens_q_padded)
-    kv_spans = sequence_spans(cu_seqlens_kv, cu_seqlens_kv_padded)
+    q_spans, kv_spans = _spans(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     for (q0, lq), (k0, lk) in zip(q_spans, kv_spans, strict=True):
         if lq == 0 or lk == 0:
             continue
@@ -166,8 +192,7 @@ def attention_backward(
             rows = torch.arange(lq, device=q.device)[:, None]
             cols = torch.arange(lk, device=q.device)[None, :]
             scores = scores.masked_fill(cols > rows + (lk - lq), float("-inf"))
-        finite = torch.isfinite(lse_b)[..., None]
-        probs = torch.where(finite, torch.exp(scores - lse_b[..., None]), 0.0)
+        probs = torch.where(_sees_a_key(lse_b)[..., None], torch.exp(scores - lse_b[..., None]), 0.0)
         delta = (dos * out[q0 : q0 + lq].float()).sum(-1).transpose(0, 1)  # [H, Lq]
         dp = torch.einsum("qhd,khd->hqk", dos, vs)
         ds = probs * (dp - delta[..., None])
