@@ -33,8 +33,10 @@ setup: $(VENV)/.stamp-full ## full venv: pinned CPU torch, triton (interpreter),
 test: setup ## all CPU tests (Triton interpreter, gloo), as CI runs them
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2 -m "not gpu" $(PYTEST_ARGS) tests
 
-test-gpu: ## GPU tests on a CUDA machine (uses the machine's python3)
-	THD_AUTOTUNE=0 PYTHONPATH=src:. $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider --ignore=tests/release $(PYTEST_ARGS) tests
+test-gpu: ## GPU tests on a CUDA machine (machine's python3; FA4 oracle if on PYTHONPATH); then attention with THD_AUTOTUNE=1
+	THD_AUTOTUNE=0 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider --ignore=tests/release -k "not autotuned" $(PYTEST_ARGS) tests; default_tiles=$$?; \
+	THD_AUTOTUNE=1 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider -k "autotuned or benchmark_shapes" $(PYTEST_ARGS) tests/ops/test_attention_gpu.py; autotuned=$$?; \
+	test $$default_tiles -eq 0 && test $$autotuned -eq 0
 
 wheel: setup-release ## dev wheel of the default flavor (+g<sha> local label), verified, in dist-dev/
 	$(PY) -m release wheel --outdir $(DEV_OUTDIR) $(if $(SHORT_SHA),--local g$(SHORT_SHA))
@@ -45,8 +47,8 @@ release: setup-release ## the full verified release set in dist/
 verify: setup-release ## verify WHEEL=path
 	$(PY) -m release verify $(WHEEL)
 
-bench: ## GPU benchmarks -> benchmarks/results/*.json (run on the H200)
-	PYTHONPATH=src:. $(GPU_PY) benchmarks/run_all.py --out benchmarks/results
+bench: ## GPU benchmarks -> benchmarks/results/*.json (run on the H200; BENCH_ARGS=--quick for a smoke run)
+	PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/run_all.py --out benchmarks/results $(BENCH_ARGS)
 
 bench-cpu: setup ## CPU benchmarks (wheel repack) -> benchmarks/results/repack.json
 	$(PY) benchmarks/repack.py --out benchmarks/results/repack.json

@@ -15,8 +15,10 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,10 +31,15 @@ import torch
 __all__ = [
     "MODE_FLOP_FACTORS",
     "attention_flops",
+    "bench_back_to_back",
     "bench_ms",
+    "command_line",
     "env_fingerprint",
     "error_text",
+    "host_time_us",
     "make_record",
+    "package_version",
+    "visible_pairs",
     "write_json",
 ]
 
@@ -41,6 +48,22 @@ MODE_FLOP_FACTORS: dict[str, float] = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 QUANTILES = (0.5, 0.2, 0.8)
 # Settings that change what is measured (THD_AUTOTUNE=0 pins one config per kernel).
 _ENV_VARS = ("THD_AUTOTUNE", "THD_ATTENTION_BACKEND", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")
+
+
+def visible_pairs(len_q: int, len_kv: int, *, causal: bool, window_left: int | None = None) -> float:
+    """(query, key) pairs one sequence computes, in the FlashAttention counting convention.
+
+    Full: ``Lq * Lk``. Causal: half of it (``L^2 / 2`` for self-attention, the diagonal not
+    counted separately). Causal with a left window ``W`` (query i sees keys ``i - W .. i``):
+    the causal triangle minus the triangle the window cuts off, ``L^2/2 - (L - W)^2/2`` when
+    ``L > W`` (self-attention only).
+    """
+    area = float(len_q) * float(len_kv)
+    if not causal:
+        return area
+    if window_left is None or window_left < 0 or len_q != len_kv or len_q <= window_left:
+        return area / 2.0
+    return (float(len_q) ** 2 - float(len_q - window_left) ** 2) / 2.0
 
 
 def attention_flops(
@@ -52,16 +75,20 @@ def attention_flops(
     head_dim_v: int | None = None,
     causal: bool,
     mode: str = "fwd",
+    window_left: int | None = None,
 ) -> float:
     """FLOPs of varlen attention over real tokens only, FlashAttention convention.
 
     Forward: ``2 * Hq * (D + Dv) * sum(Lq_b * Lk_b)`` (= ``4 * H * D * sum(L^2)`` for
-    self-attention with ``Dv = D``), halved when causal; counted by query heads under GQA.
-    ``mode`` scales it by :data:`MODE_FLOP_FACTORS`.
+    self-attention with ``Dv = D``), halved when causal (see :func:`visible_pairs` for a left
+    window); counted by query heads under GQA. ``mode`` scales it by :data:`MODE_FLOP_FACTORS`.
     """
     dim_v = head_dim if head_dim_v is None else head_dim_v
-    area = sum(lq * lk for lq, lk in zip(lens_q, lens_kv, strict=True))
-    fwd = 2.0 * heads_q * (head_dim + dim_v) * area * (0.5 if causal else 1.0)
+    area = sum(
+        visible_pairs(lq, lk, causal=causal, window_left=window_left)
+        for lq, lk in zip(lens_q, lens_kv, strict=True)
+    )
+    fwd = 2.0 * heads_q * (head_dim + dim_v) * area
     return fwd * MODE_FLOP_FACTORS[mode]
 
 
@@ -96,6 +123,95 @@ def bench_ms(
         times.append((time.perf_counter() - start) * 1e3)
     cuts = statistics.quantiles(times, n=10, method="inclusive")
     return {"median_ms": statistics.median(times), "p20_ms": cuts[1], "p80_ms": cuts[7]}
+
+
+def bench_back_to_back(
+    fn: Callable[[], object],
+    *,
+    rep_ms: float = 100.0,
+    trials: int = 5,
+    warmup_calls: int = 3,
+    max_calls: int = 2000,
+) -> dict[str, float]:
+    """Milliseconds per call of ``fn`` called back to back between one pair of CUDA events.
+
+    After ``warmup_calls`` calls (compiles, autotuning, allocator warm-up) one timed call
+    estimates the cost; each of ``trials`` trials then times ``calls`` consecutive calls
+    (about ``rep_ms / trials`` of device time) between two events with no synchronization or
+    cache flush in between, as a training step issues them. Returns the median, min and max
+    over trials of the per-call time, and the number of calls per trial. Without a GPU a
+    ``perf_counter`` loop stands in (smoke tests only).
+    """
+    for _ in range(warmup_calls):
+        fn()
+    if not torch.cuda.is_available():
+        start_s = time.perf_counter()
+        fn()
+        est_ms = max((time.perf_counter() - start_s) * 1e3, 1e-3)
+        calls = int(max(1, min(max_calls, round(rep_ms / trials / est_ms))))
+        per_call = []
+        for _ in range(trials):
+            start_s = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per_call.append((time.perf_counter() - start_s) * 1e3 / calls)
+        return _trial_stats(per_call, calls, trials)
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    est_ms = max(start.elapsed_time(end), 1e-3)
+    calls = int(max(1, min(max_calls, round(rep_ms / trials / est_ms))))
+    per_call = []
+    for _ in range(trials):
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) / calls)
+    return _trial_stats(per_call, calls, trials)
+
+
+def _trial_stats(per_call: list[float], calls: int, trials: int) -> dict[str, float]:
+    return {
+        "median_ms": statistics.median(per_call),
+        "min_ms": min(per_call),
+        "max_ms": max(per_call),
+        "calls_per_trial": calls,
+        "trials": trials,
+    }
+
+
+def host_time_us(fn: Callable[[], object], *, calls: int = 500, warmup_calls: int = 50) -> dict[str, float]:
+    """Wall-clock microseconds per call over ``calls`` back-to-back calls, one sync at the end.
+
+    Meant for a problem so small that the host (Python, dispatch, launches) is the bottleneck.
+    ``device_us`` is the per-call time between CUDA events around the same loop: when it is
+    close to ``wall_us`` the device, not the host, bounded the loop.
+    """
+    for _ in range(warmup_calls):
+        fn()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if cuda:
+        end.record()
+        torch.cuda.synchronize()
+    wall_us = (time.perf_counter() - t0) * 1e6 / calls
+    result = {"wall_us": wall_us, "calls": calls}
+    if cuda:
+        result["device_us"] = start.elapsed_time(end) * 1e3 / calls
+    return result
 
 
 def make_record(
@@ -147,6 +263,25 @@ def _git_sha() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{sha}-dirty" if dirty else sha
+
+
+def package_version(*names: str) -> str | None:
+    """Installed version of the first distribution in ``names`` that is found, else None."""
+    from importlib import metadata
+
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def command_line() -> str:
+    """The command that started this process, shell-quoted, with the settings that change it."""
+    env = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in _ENV_VARS if k in os.environ)
+    argv = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+    return f"{env} {argv}".strip()
 
 
 def env_fingerprint() -> dict[str, Any]:

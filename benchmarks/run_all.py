@@ -5,7 +5,9 @@ Each script runs in its own process as ``bench_<name>.py --out <out>/<name>.json
 on every visible GPU unless it spawns its own ranks (``mp.spawn``/``start_processes``). A
 failing script is reported and the others still run; the exit status is 1 if any failed.
 
-    python benchmarks/run_all.py --out benchmarks/results [--only attention ring]
+    python benchmarks/run_all.py --out benchmarks/results [--only attention ring] [--quick]
+
+``--quick`` is passed on to the scripts that take it (a smoke run of each).
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ def _uses_torchrun(script: Path) -> bool:
     return not spawns_itself
 
 
-def command_for(script: Path, out: Path, devices: int) -> list[str]:
+def _takes_quick(script: Path) -> bool:
+    return '"--quick"' in script.read_text()
+
+
+def command_for(script: Path, out: Path, devices: int, quick: bool = False) -> list[str]:
     name = script.stem.removeprefix("bench_")
-    base = [str(script), "--out", str(out)]
+    base = [str(script), "--out", str(out)] + (["--quick"] if quick and _takes_quick(script) else [])
     if name in MULTI_GPU and _uses_torchrun(script):
         return [
             sys.executable,
@@ -63,13 +69,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_script(script: Path, out: Path, devices: int, timeout: float) -> dict[str, Any]:
+def run_script(script: Path, out: Path, devices: int, timeout: float, quick: bool = False) -> dict[str, Any]:
     """Run one script; returns ``{"name", "status", "seconds", ...}``."""
     name = script.stem.removeprefix("bench_")
     need = MULTI_GPU.get(name, 0)
     if devices < need:
         return {"name": name, "status": "skipped", "reason": f"needs {need} GPUs, found {devices}"}
-    cmd = command_for(script, out, devices)
+    cmd = command_for(script, out, devices, quick)
     print(f"[run_all] {' '.join(cmd)}", flush=True)
     started = time.monotonic()
     try:
@@ -103,7 +109,13 @@ def summarize(out: Path) -> list[str]:
             continue
         ms = r.get("median_ms")
         tflops = r.get("tflops")
-        timing = f"{ms:9.3f} ms" if isinstance(ms, int | float) else f"{r.get('status', '?'):>12}"
+        host_us = r.get("wall_us")
+        if isinstance(ms, int | float):
+            timing = f"{ms:9.3f} ms"
+        elif isinstance(host_us, int | float):
+            timing = f"{host_us:6.0f} us/call (host)"
+        else:
+            timing = f"{r.get('status', '?'):>12}"
         rate = f"{tflops:7.1f} TFLOP/s" if isinstance(tflops, int | float) else ""
         what = f"{r.get('provider', '?')}/{r.get('mode', '?')}"
         lines.append(f"  {what:<22} {timing} {rate:<16} {_shape_text(r.get('shape', ''))}")
@@ -119,6 +131,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=HERE / "results", help="directory for <name>.json")
     parser.add_argument("--only", nargs="+", help="names to run (e.g. attention ring); default all")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per script")
+    parser.add_argument("--quick", action="store_true", help="smoke runs (scripts that take --quick)")
     return parser.parse_args(argv)
 
 
@@ -131,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     for script in scripts:
         out = args.out / f"{script.stem.removeprefix('bench_')}.json"
-        results.append((run_script(script, out, devices, args.timeout), out))
+        results.append((run_script(script, out, devices, args.timeout, args.quick), out))
     print("\n== benchmark summary ==")
     for result, out in results:
         took = f" in {result['seconds']} s" if "seconds" in result else ""
