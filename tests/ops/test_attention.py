@@ -31,7 +31,7 @@ from tests._helpers import (
     tolerance,
 )
 from thd.errors import ThdTypeError, ThdValueError
-from thd.ops.attention import attention_backward, attention_forward, reference
+from thd.ops.attention import AttentionOptions, VarlenLayout, attention_backward, attention_forward, reference
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
@@ -316,14 +316,21 @@ def test_attention_low_level_entry_points_match_reference() -> None:
     layout = LAYOUTS[5]
     q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32)
     kw = layout.kwargs()
-    cu = (kw["cu_seqlens_q"], kw["cu_seqlens_kv"], kw["cu_seqlens_q_padded"], kw["cu_seqlens_kv_padded"])
-    maxes = (kw["max_seqlen_q"], kw["max_seqlen_kv"])
-    scale = 32**-0.5
-    out, lse = attention_forward(q, k, v, *cu, *maxes, True, scale)
+    varlen = VarlenLayout(
+        kw["cu_seqlens_q"],
+        kw["cu_seqlens_kv"],
+        kw["cu_seqlens_q_padded"],
+        kw["cu_seqlens_kv_padded"],
+        kw["max_seqlen_q"],
+        kw["max_seqlen_kv"],
+    )
+    options = AttentionOptions(32**-0.5, causal=True, deterministic=True)
+    out, lse = attention_forward(q, k, v, varlen, options)
     ref_out, ref_lse, ref_grads = _run(reference.attention, q, k, v, do, {**kw, "causal": True})
     assert_close(out, ref_out, "out", **tolerance(torch.float32))
     assert_close(lse, ref_lse, "lse", **tolerance(torch.float32))
-    grads = attention_backward(do, q, k, v, out, lse, *cu, *maxes, True, scale, deterministic=True)
+    *grads, dsinks = attention_backward(do, q, k, v, out, lse, varlen, options)
+    assert dsinks is None
     for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
         assert_close(got, want, name, **tolerance(torch.float32, "grad"))
     _check_padding(layout, out, lse, list(grads))
@@ -387,14 +394,28 @@ def test_attention_custom_ops_pass_opcheck() -> None:
     """``thd::attention_fwd`` / ``thd::attention_bwd`` are correct and pass ``torch.library.opcheck``."""
     layout = make_layout("opcheck", [5, 9], pad_q=[2, 0], capacity_q=1)
     q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32, poison=None)
-    values = {"q": q, "k": k, "v": v, **layout.kwargs(), "causal": True, "softmax_scale": 32**-0.5}
+    values = {
+        "q": q,
+        "k": k,
+        "v": v,
+        **layout.kwargs(),
+        "causal": True,
+        "softmax_scale": 32**-0.5,
+        "sinks": None,
+        "window_left": -1,
+        "window_right": -1,
+        "softcap": 0.0,
+        "deterministic": True,
+    }
     fwd, bwd = torch.ops.thd.attention_fwd.default, torch.ops.thd.attention_bwd.default
     out, lse = fwd(*_schema_args(fwd, values))
     ref_out, ref_lse, ref_grads = _run(reference.attention, q, k, v, do, {**layout.kwargs(), "causal": True})
     assert_close(out, ref_out, "out", **tolerance(torch.float32))
     assert_close(lse, ref_lse, "lse", **tolerance(torch.float32))
     values |= {"do": do, "out": out, "lse": lse}
-    for name, got, want in zip(("dq", "dk", "dv"), bwd(*_schema_args(bwd, values)), ref_grads, strict=True):
+    *grads, dsinks = bwd(*_schema_args(bwd, values))
+    assert dsinks.numel() == 0
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
         assert_close(got, want, name, **tolerance(torch.float32, "grad"))
     # The forward's autograd formula is checked with inputs that require grad; the backward
     # op has no double backward, so its inputs do not.
@@ -464,8 +485,8 @@ def _args(
             id="cup-length-differs",
         ),
         pytest.param(_args(hq=3), ThdValueError, "heads", id="heads-indivisible"),
-        pytest.param(_args(d=48), ThdValueError, "head_dim", id="head_dim-48"),
-        pytest.param(_args(dv=16), ThdValueError, "head_dim", id="head_dim_v-16"),
+        pytest.param(_args(d=44), ThdValueError, "head_dim", id="head_dim-44"),
+        pytest.param(_args(dv=264), ThdValueError, "head_dim", id="head_dim_v-264"),
         pytest.param({"k": torch.randn(8, 2, 32, dtype=torch.float16)}, ThdTypeError, "dtype", id="k-fp16"),
         pytest.param({"v": torch.randn(7, 2, 32)}, ThdValueError, r"\bv\b", id="v-rows"),
         pytest.param({"q": torch.randn(8, 64)}, ThdValueError, r"\bq\b", id="q-2d"),

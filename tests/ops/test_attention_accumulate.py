@@ -24,7 +24,7 @@ from tests._helpers import (
     poisoned_allocations,
 )
 from thd.errors import ThdValueError
-from thd.ops.attention import attention_forward, reference
+from thd.ops.attention import AttentionOptions, VarlenLayout, attention_forward, reference
 from thd.ops.lse_merge.reference import merge_partials_reference
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -72,11 +72,15 @@ def _call(
     q: Tensor, k: Tensor, v: Tensor, layout: Layout, causal: bool, **kw: object
 ) -> tuple[Tensor, Tensor]:
     args = layout.kwargs(q.device)
-    return attention_forward(
-        q, k, v, args["cu_seqlens_q"], args["cu_seqlens_kv"], args["cu_seqlens_q_padded"],
-        args["cu_seqlens_kv_padded"], args["max_seqlen_q"], args["max_seqlen_kv"], causal,
-        q.shape[-1] ** -0.5, **kw,
-    )  # fmt: skip
+    varlen = VarlenLayout(
+        args["cu_seqlens_q"],
+        args["cu_seqlens_kv"],
+        args["cu_seqlens_q_padded"],
+        args["cu_seqlens_kv_padded"],
+        args["max_seqlen_q"],
+        args["max_seqlen_kv"],
+    )
+    return attention_forward(q, k, v, varlen, AttentionOptions(q.shape[-1] ** -0.5, causal), **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("device", _devices())
@@ -89,8 +93,15 @@ def test_two_calls_equal_attention_over_the_union_of_keys(
     heads_q, heads_kv = 4, 2  # GQA
     a = make_layout("a", lens_q, lens_a, pad_q=pad_q, pad_kv=[1] * len(lens_q), capacity_q=3)
     b = make_layout("b", lens_q, lens_b, pad_q=pad_q, pad_kv=[2] * len(lens_q), capacity_q=3)
-    union = make_layout("union", lens_q, [x + y for x, y in zip(lens_a, lens_b, strict=True)], pad_q=pad_q,
-                        pad_kv=0, capacity_q=3, capacity_kv=0)  # fmt: skip
+    union = make_layout(
+        "union",
+        lens_q,
+        [x + y for x, y in zip(lens_a, lens_b, strict=True)],
+        pad_q=pad_q,
+        pad_kv=0,
+        capacity_q=3,
+        capacity_kv=0,
+    )
     gen = torch.Generator(device=device).manual_seed(0)
     q, ka, va, _ = make_qkv(a, heads_q, heads_kv, dim, dim, dtype, device, generator=gen)
     _, kb, vb, _ = make_qkv(b, heads_q, heads_kv, dim, dim, dtype, device, generator=gen)
@@ -103,8 +114,9 @@ def test_two_calls_equal_attention_over_the_union_of_keys(
     assert got_out.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr(), "not in place"
 
     k_cat, v_cat = _cat_keys(a, b, ka, kb), _cat_keys(a, b, va, vb)
-    want_out, want_lse = reference.attention(q.float(), k_cat.float(), v_cat.float(), **union.kwargs(device),
-                                             return_lse=True)  # fmt: skip
+    want_out, want_lse = reference.attention(
+        q.float(), k_cat.float(), v_cat.float(), **union.kwargs(device), return_lse=True
+    )
     atol, rtol = _tol(dtype, device)
     assert_close(got_out, want_out, "out", atol=atol, rtol=rtol)
     lse_tol = _TF32 if device == "cuda" else 1e-3

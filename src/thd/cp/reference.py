@@ -89,7 +89,7 @@ def simulate_ring_attention(
     vs = [partition(v, cu_seqlens_kv_padded, cp, r) for r in range(cp)]
     outs, lses = [], []
     for r, plan in enumerate(plans):
-        parts = [plan.steps[(r - i) % cp].forward(qs[r], ks[(r - i) % cp], vs[(r - i) % cp], scale)
+        parts = [plan.steps[(r - i) % cp].forward(qs[r], ks[(r - i) % cp], vs[(r - i) % cp], plan.options)
                  for i in range(cp)]  # fmt: skip
         out, lse = merge_partials(parts, q.dtype)
         outs.append(out)
@@ -102,7 +102,7 @@ def simulate_ring_attention(
     dvs = [torch.zeros_like(x, dtype=torch.float32) for x in vs]
     for r, plan in enumerate(plans):
         for j in range(cp):
-            dq, dk, dv = plan.steps[j].backward(dos[r], qs[r], ks[j], vs[j], outs[r], lses[r], scale)
+            dq, dk, dv = plan.steps[j].backward(dos[r], qs[r], ks[j], vs[j], outs[r], lses[r], plan.options)
             dqs[r] += dq
             dks[j] += dk
             dvs[j] += dv

@@ -1,9 +1,11 @@
 """Public varlen attention: validation, backend dispatch, custom ops and autograd.
 
 ``attention_forward`` / ``attention_backward`` are the low-level entry points (used by the
-context-parallel ring); :func:`attention` is the differentiable public API, registered as
-the custom ops ``thd::attention_fwd`` / ``thd::attention_bwd`` so that ``torch.compile``
-traces it without graph breaks and CUDA graphs can capture it.
+context-parallel ring); they take a :class:`VarlenLayout` and :class:`AttentionOptions`.
+:func:`attention` is the differentiable public API. ``torch.compile`` traces it through the
+custom ops ``thd::attention_fwd`` / ``thd::attention_bwd`` (no graph breaks, capturable);
+eager mode takes :class:`AttentionFunction`, whose Python dispatch is several times cheaper.
+Both share one context setup and one backward body.
 
 Backend choice: CUDA tensors run the Triton kernels; CPU tensors run the torch reference,
 except under ``TRITON_INTERPRET=1`` where they run the Triton kernels through the
@@ -19,16 +21,21 @@ from torch import Tensor
 
 from thd._capture import is_capturing
 from thd._triton import runs_triton
-from thd.errors import ThdTypeError, ThdValueError
-from thd.layout import check_cu_metadata
 from thd.layout import validate as validate_layout
 from thd.ops.attention import launch, reference
-from thd.ops.attention.checks import check_accumulator, check_qkv
+from thd.ops.attention.arguments import check_call, resolve_options
+from thd.ops.attention.checks import check_accumulator
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
 from thd.ops.lse_merge.reference import merge_partials_reference
 
-__all__ = ["SUPPORTED_HEAD_DIMS", "AttentionFunction", "attention", "attention_backward", "attention_forward"]
-
-SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+__all__ = [
+    "AttentionFunction",
+    "AttentionOptions",
+    "VarlenLayout",
+    "attention",
+    "attention_backward",
+    "attention_forward",
+]
 
 
 def _use_triton(x: Tensor) -> bool:
@@ -38,39 +45,12 @@ def _use_triton(x: Tensor) -> bool:
     return runs_triton(x)
 
 
-def _validate(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_q: Tensor,
-    cu_kv: Tensor,
-    cup_q: Tensor | None,
-    cup_kv: Tensor | None,
-) -> None:
-    """Metadata checks only (shapes, dtypes, devices): they never read device memory."""
-    fn = "attention"
-    check_qkv(fn, q, k, v)
-    if q.dtype == torch.float64:
-        raise ThdTypeError(f"{fn}: q dtype: expected fp16/bf16/fp32, got {q.dtype}")
-    for name, dim in (("q/k head_dim", q.shape[2]), ("v head_dim", v.shape[2])):
-        if dim not in SUPPORTED_HEAD_DIMS:
-            raise ThdValueError(f"{fn}: {name}: expected one of {SUPPORTED_HEAD_DIMS}, got {dim}")
-    check_cu_metadata(fn, cu_q, cup_q, names=("cu_seqlens_q", "cu_seqlens_q_padded"))
-    check_cu_metadata(fn, cu_kv, cup_kv, names=("cu_seqlens_kv", "cu_seqlens_kv_padded"))
-    if cu_kv.shape != cu_q.shape:
-        raise ThdValueError(
-            f"{fn}: cu_seqlens_kv shape: expected {list(cu_q.shape)} (as cu_seqlens_q), "
-            f"got {list(cu_kv.shape)}"
-        )
-    for name, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_kv", cu_kv)):
-        if t.device != q.device:
-            raise ThdValueError(f"{fn}: {name} device: expected {q.device} (as q), got {t.device}")
-
-
-def _resolve_max_seqlen(name: str, cu: Tensor, given: int | None) -> int:
+def _max_seqlen(name: str, cu: Tensor, given: int | None) -> int:
     if given is not None:
         return int(given)
     if is_capturing():
+        from thd.errors import ThdValueError
+
         raise ThdValueError(
             f"attention: {name} is None during CUDA-graph capture; pass the maximum real "
             "sequence length as an int (deriving it needs a device-to-host read)"
@@ -80,18 +60,23 @@ def _resolve_max_seqlen(name: str, cu: Tensor, given: int | None) -> int:
     return int((cu[1:] - cu[:-1]).max().item())
 
 
+def _resolved(layout: VarlenLayout) -> VarlenLayout:
+    if layout.max_seqlen_q is not None and layout.max_seqlen_kv is not None:
+        return layout
+    return layout.with_max_seqlens(
+        _max_seqlen("max_seqlen_q", layout.cu_seqlens_q, layout.max_seqlen_q),
+        _max_seqlen("max_seqlen_kv", layout.cu_seqlens_kv, layout.max_seqlen_kv),
+    )
+
+
 def attention_forward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_kv: Tensor,
-    cu_seqlens_q_padded: Tensor | None,
-    cu_seqlens_kv_padded: Tensor | None,
-    max_seqlen_q: int | None,
-    max_seqlen_kv: int | None,
-    causal: bool,
-    softmax_scale: float,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    *,
+    sinks: Tensor | None = None,
     accumulate: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Low-level forward (no autograd): ``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``.
@@ -99,38 +84,28 @@ def attention_forward(
     Non-real query rows get exact zeros in ``out`` and ``-inf`` in ``lse``. With
     ``accumulate=(out, lse)``, a normalised partial result over other keys, this call's keys
     are merged into it in place (log-sum-exp; only this call's real query rows change) and
-    it is returned.
+    it is returned. ``sinks`` adds ``exp(sinks[h])`` to every real row's denominator.
     """
+    check_call("attention_forward", q, k, v, layout, options, sinks)
     if accumulate is not None:
         check_accumulator("attention_forward", q, v, *accumulate)
+    return _forward(q, k, v, layout, options, sinks, accumulate)
+
+
+def _forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None,
+    accumulate: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`attention_forward` without the argument checks (callers checked them)."""
     if not _use_triton(q):
-        part = reference.attention_forward(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            cu_seqlens_q_padded,
-            cu_seqlens_kv_padded,
-            causal,
-            softmax_scale,
-        )
-        if accumulate is None:
-            return part
-        return _merge_into(accumulate, part)
-    return launch.forward(
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_kv,
-        cu_seqlens_q_padded,
-        cu_seqlens_kv_padded,
-        _resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
-        causal,
-        softmax_scale,
-        accumulate,
-    )
+        part = reference.attention_forward(q, k, v, layout, options, sinks)
+        return part if accumulate is None else _merge_into(accumulate, part)
+    return launch.forward(q, k, v, _resolved(layout), options, sinks, accumulate)
 
 
 def _merge_into(acc: tuple[Tensor, Tensor], part: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -149,54 +124,77 @@ def attention_backward(
     v: Tensor,
     out: Tensor,
     lse: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_kv: Tensor,
-    cu_seqlens_q_padded: Tensor | None,
-    cu_seqlens_kv_padded: Tensor | None,
-    max_seqlen_q: int | None,
-    max_seqlen_kv: int | None,
-    causal: bool,
-    softmax_scale: float,
-    deterministic: bool = False,
-) -> tuple[Tensor, Tensor, Tensor]:
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    *,
+    sinks: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Low-level backward from saved ``out``/``lse`` (possibly merged by a ring).
 
-    Returns ``(dq, dk, dv)`` with exact zeros on padding rows. The Triton backward uses
-    no atomics, so it is always deterministic; ``deterministic`` is accepted for API
-    compatibility.
+    Returns ``(dq, dk, dv, dsinks)`` with exact zeros on padding rows (``dsinks`` is None
+    without sinks). ``options.deterministic`` (or ``torch.use_deterministic_algorithms``)
+    selects the bitwise-reproducible backward without atomics.
     """
-    del deterministic
-    if not _use_triton(q):
-        return reference.attention_backward(
-            do,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            cu_seqlens_q_padded,
-            cu_seqlens_kv_padded,
-            causal,
-            softmax_scale,
+    check_call("attention_backward", q, k, v, layout, options, sinks)
+    return _backward(do, q, k, v, out, lse, layout, options, sinks)
+
+
+def _backward(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """:func:`attention_backward` without the argument checks."""
+    if not options.deterministic and torch.are_deterministic_algorithms_enabled():
+        options = AttentionOptions(
+            options.softmax_scale, options.causal, options.window_size, options.softcap, True
         )
-    return launch.backward(
-        do,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        cu_seqlens_q,
-        cu_seqlens_kv,
-        cu_seqlens_q_padded,
-        cu_seqlens_kv_padded,
-        _resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
-        _resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
-        causal,
-        softmax_scale,
+    if not _use_triton(q):
+        return reference.attention_backward(do, q, k, v, out, lse, layout, options, sinks)
+    return launch.backward(do, q, k, v, out, lse, _resolved(layout), options, sinks)
+
+
+# ----------------------------------------------------------------------------- custom ops
+# The flat schema below is the only place the layout and options are spelled out argument by
+# argument: _flat / _unflat convert between it and the typed objects.
+
+
+def _flat(layout: VarlenLayout, options: AttentionOptions) -> tuple:
+    return (
+        *layout.tensors(),
+        layout.max_seqlen_q,
+        layout.max_seqlen_kv,
+        options.causal,
+        options.softmax_scale,
+        options.window_size[0],
+        options.window_size[1],
+        options.softcap,
+        options.deterministic,
     )
+
+
+def _unflat(
+    cu_q,
+    cu_kv,
+    cup_q,
+    cup_kv,
+    max_q,
+    max_kv,
+    causal,
+    scale,
+    left,
+    right,
+    softcap,  # type: ignore[no-untyped-def]
+    deterministic,
+) -> tuple[VarlenLayout, AttentionOptions]:
+    layout = VarlenLayout(cu_q, cu_kv, cup_q, cup_kv, max_q, max_kv)
+    return layout, AttentionOptions(scale, causal, (left, right), softcap, deterministic)
 
 
 @torch.library.custom_op("thd::attention_fwd", mutates_args=())
@@ -204,6 +202,7 @@ def _attention_fwd_op(
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    sinks: Tensor | None,
     cu_seqlens_q: Tensor,
     cu_seqlens_kv: Tensor,
     cu_seqlens_q_padded: Tensor | None,
@@ -212,11 +211,12 @@ def _attention_fwd_op(
     max_seqlen_kv: int,
     causal: bool,
     softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
 ) -> tuple[Tensor, Tensor]:
-    return attention_forward(
-        q,
-        k,
-        v,
+    layout, options = _unflat(
         cu_seqlens_q,
         cu_seqlens_kv,
         cu_seqlens_q_padded,
@@ -225,12 +225,16 @@ def _attention_fwd_op(
         max_seqlen_kv,
         causal,
         softmax_scale,
+        window_left,
+        window_right,
+        softcap,
+        deterministic,
     )
+    return _forward(q, k, v, layout, options, sinks)
 
 
 @_attention_fwd_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-      max_seqlen_q, max_seqlen_kv, causal, softmax_scale):  # fmt: skip
+def _(q, k, v, sinks, *layout_and_options):  # type: ignore[no-untyped-def]
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
     return out, lse
@@ -244,6 +248,7 @@ def _attention_bwd_op(
     v: Tensor,
     out: Tensor,
     lse: Tensor,
+    sinks: Tensor | None,
     cu_seqlens_q: Tensor,
     cu_seqlens_kv: Tensor,
     cu_seqlens_q_padded: Tensor | None,
@@ -252,14 +257,13 @@ def _attention_bwd_op(
     max_seqlen_kv: int,
     causal: bool,
     softmax_scale: float,
-) -> tuple[Tensor, Tensor, Tensor]:
-    return attention_backward(
-        do,
-        q,
-        k,
-        v,
-        out,
-        lse,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dsinks)``; ``dsinks`` is empty without sinks (an op returns tensors only)."""
+    layout, options = _unflat(
         cu_seqlens_q,
         cu_seqlens_kv,
         cu_seqlens_q_padded,
@@ -268,56 +272,93 @@ def _attention_bwd_op(
         max_seqlen_kv,
         causal,
         softmax_scale,
+        window_left,
+        window_right,
+        softcap,
+        deterministic,
     )
+    dq, dk, dv, dsinks = _backward(do, q, k, v, out, lse, layout, options, sinks)
+    return dq, dk, dv, q.new_empty(0) if dsinks is None else dsinks
 
 
 @_attention_bwd_op.register_fake
-def _(do, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-      cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv, causal, softmax_scale):  # fmt: skip
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _(do, q, k, v, out, lse, sinks, *layout_and_options):  # type: ignore[no-untyped-def]
+    dsinks = q.new_empty(0) if sinks is None else torch.empty_like(sinks)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
-def _setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
-    q, k, v, cu_q, cu_kv, cup_q, cup_kv, max_q, max_kv, causal, scale = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv)
-    ctx.max_seqlens = (max_q, max_kv)
-    ctx.causal = causal
-    ctx.scale = scale
+# ----------------------------------------------------------------------------- autograd
+
+
+def _save(
+    ctx,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sinks: Tensor | None,
+    out: Tensor,
+    lse: Tensor,  # type: ignore[no-untyped-def]
+    layout: VarlenLayout,
+    options: AttentionOptions,
+) -> None:
+    ctx.save_for_backward(q, k, v, sinks, out, lse, *layout.tensors())
+    ctx.max_seqlens = (layout.max_seqlen_q, layout.max_seqlen_kv)
+    ctx.options = options
     ctx.mark_non_differentiable(lse)
 
 
-def _grads_from_ctx(ctx, dout: Tensor, backward_fn) -> tuple:  # type: ignore[no-untyped-def]
-    """Gradients of the 11 forward inputs from the saved context (lse carries no gradient)."""
-    q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv = ctx.saved_tensors
-    dq, dk, dv = backward_fn(
-        dout, q, k, v, out, lse, cu_q, cu_kv, cup_q, cup_kv,
-        ctx.max_seqlens[0], ctx.max_seqlens[1], ctx.causal, ctx.scale,
-    )  # fmt: skip
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+def _grads(ctx, dout: Tensor, backward_fn) -> tuple[Tensor | None, ...]:  # type: ignore[no-untyped-def]
+    """``(dq, dk, dv, dsinks)`` from the saved context, by ``backward_fn`` (the op or the function)."""
+    q, k, v, sinks, out, lse, *cu = ctx.saved_tensors
+    layout = VarlenLayout(*cu, *ctx.max_seqlens)
+    options: AttentionOptions = ctx.options
+    dq, dk, dv, dsinks = backward_fn(dout.contiguous(), q, k, v, out, lse, sinks, *_flat(layout, options))
+    return dq, dk, dv, (dsinks if sinks is not None else None)
 
 
-def _backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def]
+def _op_setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    q, k, v, sinks, *rest = inputs
+    layout, options = _unflat(*rest)
+    _save(ctx, q, k, v, sinks, *output, layout, options)
+
+
+def _op_backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def]
     del dlse  # lse is an auxiliary output; it carries no gradient
-    return _grads_from_ctx(ctx, dout.contiguous(), _attention_bwd_op)
+    return (*_grads(ctx, dout, _attention_bwd_op), *([None] * 12))
 
 
-_attention_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+_attention_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context)
+
+
+def _eager_backward(do, q, k, v, out, lse, sinks, *rest):  # type: ignore[no-untyped-def]
+    layout, options = _unflat(*rest)
+    return _backward(do, q, k, v, out, lse, layout, options, sinks)
 
 
 class AttentionFunction(torch.autograd.Function):
     """Eager autograd path: the same computation as the custom ops, with less dispatch cost."""
 
     @staticmethod
-    def forward(ctx, *inputs):  # type: ignore[no-untyped-def]
-        out, lse = attention_forward(*inputs)
-        _setup_context(ctx, inputs, (out, lse))
+    def forward(
+        ctx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        sinks: Tensor | None,
+        layout: VarlenLayout,  # type: ignore[override]
+        options: AttentionOptions,
+    ) -> tuple[Tensor, Tensor]:
+        out, lse = _forward(q, k, v, layout, options, sinks)
+        _save(ctx, q, k, v, sinks, out, lse, layout, options)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def]
+    def backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def, override]
         del dlse
-        return _grads_from_ctx(ctx, dout, attention_backward)
+        return (*_grads(ctx, dout, _eager_backward), None, None)
+
+
+# ----------------------------------------------------------------------------- public API
 
 
 def attention(
@@ -333,6 +374,9 @@ def attention(
     max_seqlen_kv: int | None = None,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: Tensor | None = None,
     return_lse: bool = False,
     deterministic: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
@@ -341,7 +385,7 @@ def attention(
     Args:
         q: ``[Tq, Hq, D]`` queries (fp16/bf16 on GPU; fp32 too).
         k: ``[Tk, Hkv, D]`` keys, ``Hq % Hkv == 0`` (GQA/MQA).
-        v: ``[Tk, Hkv, Dv]`` values; ``D, Dv`` in 32, 64, 96, 128, 192, 256.
+        v: ``[Tk, Hkv, Dv]`` values; ``D`` and ``Dv`` any multiple of 8 from 8 to 256.
         cu_seqlens_q: int32 ``[B+1]`` cumulative real query lengths.
         cu_seqlens_kv: int32 ``[B+1]`` cumulative real key lengths.
         cu_seqlens_q_padded: int32 ``[B+1]`` query slot offsets; sequence b's queries are
@@ -352,19 +396,28 @@ def attention(
             time). Pass it to avoid a device-to-host read; it is required under CUDA-graph
             capture. When either bound is omitted, the read it costs also validates the
             layouts' values (:func:`thd.layout.validate`); with both given, call
-            :func:`thd.layout.validate` yourself once per batch.
+            :func:`thd.layout.validate` yourself once per batch (an invalid layout then gives
+            garbage in the output, never a write outside a tensor).
         max_seqlen_kv: largest real key length (same rules).
         causal: bottom-right aligned causal mask: query i sees key j iff
             ``j <= i + Lk_b - Lq_b``.
         softmax_scale: defaults to ``D ** -0.5``.
+        window_size: ``(left, right)``: query i, at key position ``i' = i + Lk_b - Lq_b``,
+            sees key j iff ``i' - left <= j <= i' + right``; ``-1`` leaves a side unbounded.
+            ``causal=True`` is ``right = 0`` (a ``right > 0`` with it is an error).
+        softcap: when > 0, scores are ``softcap * tanh(q.k * scale / softcap)``.
+        sinks: ``[Hq]`` logits (differentiable): each real query row's softmax denominator
+            gets an extra ``exp(sinks[h])`` with no value row. ``lse`` then includes it.
         return_lse: also return the log-sum-exp of the scores.
-        deterministic: accepted; the backward is always deterministic (no atomics).
+        deterministic: use the backward without atomics (bitwise reproducible; also chosen by
+            ``torch.use_deterministic_algorithms(True)``). The default adds dQ with fp32
+            atomics, which is faster.
 
     Returns:
         ``out [Tq, Hq, Dv]`` in ``q.dtype`` and, with ``return_lse``, ``lse [Hq, Tq]`` fp32.
         Rows that are not real query rows (slot padding, tail, reserved capacity) hold
-        exact zeros in ``out`` and ``-inf`` in ``lse``, as does a query that sees no key;
-        their gradients are exact zeros. Padding rows of q, k, v are never read.
+        exact zeros in ``out`` and ``-inf`` in ``lse``, as does a query that sees no key
+        (without sinks); their gradients are exact zeros. Padding rows of q, k, v are never read.
 
     Examples::
 
@@ -375,21 +428,18 @@ def attention(
         ...                     cu_seqlens_kv_padded=cup, max_seqlen_q=3, max_seqlen_kv=3,
         ...                     causal=True)
     """
-    del deterministic
-    _validate(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
-    scale = float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale)
+    layout = VarlenLayout(
+        cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv
+    )
+    options = resolve_options("attention", q, causal, softmax_scale, window_size, softcap, deterministic)
+    check_call("attention", q, k, v, layout, options, sinks)
     if (max_seqlen_q is None or max_seqlen_kv is None) and not is_capturing():
         # A device-to-host read is paid here anyway: check the layouts' values with it.
         validate_layout(cu_seqlens_q, cu_seqlens_q_padded, num_rows=q.shape[0])
         validate_layout(cu_seqlens_kv, cu_seqlens_kv_padded, num_rows=k.shape[0])
-    max_q = _resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q)
-    max_kv = _resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv)
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-            max_q, max_kv, bool(causal), scale)  # fmt: skip
-    # torch.compile traces the registered custom op (no graph break); eager mode takes the
-    # autograd.Function, whose Python dispatch is several times cheaper.
+    layout = _resolved(layout)
     if torch.compiler.is_compiling():
-        out, lse = _attention_fwd_op(*args)
+        out, lse = _attention_fwd_op(q, k, v, sinks, *_flat(layout, options))
     else:
-        out, lse = AttentionFunction.apply(*args)
+        out, lse = AttentionFunction.apply(q, k, v, sinks, layout, options)
     return (out, lse) if return_lse else out

@@ -1,25 +1,32 @@
 """Triton kernels for varlen THD attention (FlashAttention-2 style online softmax).
 
-Only ``@triton.jit`` code lives here; launch logic is in ``interface.py``.
+Only ``@triton.jit`` code lives here; tiles and grids are chosen in ``launch.py``.
 
-Grid convention for every kernel: ``(row blocks, heads, sequences + 1)``. Axis 0 walks
-the row blocks of one (head, sequence) pair from the last block to the first, so under a
-causal mask the heaviest tiles of a sequence start first. Padding rows are never loaded
-(masked loads with ``other=0``); instead each program first writes the fill value (0 for
-outputs and gradients, ``-inf`` for ``lse``) into its share of the padding rows of its slot,
-``[cup[b] + L_b, cup[b+1])``, and the extra sequence index ``B`` covers the tail
-``[cup[B], T)``. So padding costs work proportional to its size, and no separate cleanup
-launch is needed. Each program then computes row blocks ``first, first + grid0, ...`` of its
-sequence: one block when ``max_seqlen`` bounds the real lengths, more when it does not, so
-an underestimated ``max_seqlen`` costs time, never correctness.
+Grid convention for every kernel: ``(row blocks, heads, sequences + 1)``. Axis 0 walks the
+row blocks of one (head, sequence) pair from the last block to the first, so under a causal
+mask the heaviest tiles of a sequence start first. Each program first writes the fill value
+(0 for outputs and gradients, ``-inf`` for ``lse``) into its share of the padding rows of its
+slot, ``[cup[b] + L_b, cup[b+1])``; the extra sequence index ``B`` covers the tail
+``[cup[B], T)``. It then computes row blocks ``first, first + grid0, ...`` of its sequence:
+one block when ``max_seqlen`` bounds the real lengths, more when it does not, so an
+underestimated ``max_seqlen`` costs time, never correctness.
 
-With ``ACCUMULATE`` the forward kernel continues a normalised partial result instead of
-starting from nothing: it reads ``(out, lse)`` of its real rows, folds this launch's keys into
-them with the same online softmax, and writes them back in place; it writes no other row (a
-ring step merges into the previous steps' result without a separate merge pass).
+Memory safety: every row range read from ``cu_seqlens`` is clamped to the tensor's rows on
+the device (:func:`_span`), so an invalid layout on the unvalidated path gives garbage in
+the outputs but never a read or write outside q, k, v, out, lse or the gradients.
 
-Causal masking is bottom-right aligned: query ``i`` sees key ``j`` iff
-``j <= i + (Lk - Lq)``.
+Visibility: query ``i`` of a sequence sees key ``j`` iff ``j - i`` lies in
+``[off - left, off + right]`` with ``off = Lk - Lq`` (bottom-right alignment). ``causal`` is
+``right = 0``; ``HAS_LEFT`` / ``HAS_RIGHT`` say whether a side is bounded. The key loop of a
+tile runs in three stages (:func:`_tile_ranges`): masked tiles on the left edge, tiles every
+row sees in full (no mask), masked tiles on the right edge (the causal diagonal and the end).
+
+Variants: ``SOFTCAP`` scores are ``softcap * tanh(s / softcap)``; ``HAS_SINKS`` adds
+``exp(sink[h])`` to each row's softmax denominator (``lse`` then includes it). With
+``ACCUMULATE`` the forward continues a normalised partial ``(out, lse)`` in place (a ring
+step merges into earlier steps without a separate pass). The backward either writes dQ from
+its own kernel (deterministic) or adds it with fp32 atomics from the dK/dV kernel
+(``ATOMIC_DQ``, five matrix products per tile instead of seven).
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
+# ----------------------------------------------------------------------------- small helpers
+
+
 @triton.jit
 def _dot(a, b, UPCAST: tl.constexpr):
     # The interpreter multiplies bf16 bit patterns as integers: compute in fp32 there.
@@ -47,35 +57,38 @@ def _dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _sequence_bounds(cu_ptr, cup_ptr, b):
-    """(first slot row, real length) of sequence ``b``."""
-    lo = tl.load(cu_ptr + b)
-    hi = tl.load(cu_ptr + b + 1)
-    start = tl.load(cup_ptr + b)
-    return start, hi - lo
+def _tanh(x):
+    # exp-based, so the interpreter and every backend agree; saturates cleanly at +-1.
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _span(cu_ptr, cup_ptr, b, num_rows):
+    """(first row, real length) of sequence ``b``, clamped to the rows ``[0, num_rows)``."""
+    lo = tl.load(cu_ptr + b).to(tl.int64)
+    hi = tl.load(cu_ptr + b + 1).to(tl.int64)
+    start = tl.minimum(tl.maximum(tl.load(cup_ptr + b).to(tl.int64), 0), num_rows)
+    length = tl.minimum(tl.maximum(hi - lo, 0), num_rows - start)
+    return start.to(tl.int32), length.to(tl.int32)
 
 
 @triton.jit
 def _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows):
-    """Padding rows ``[lo, hi)`` of slot ``b``; ``b == num_seqs`` is the tail."""
-    is_slot = b < num_seqs
-    slot_start = tl.load(cup_ptr + b)
-    length = tl.load(cu_ptr + b + 1, mask=is_slot, other=0) - tl.load(cu_ptr + b, mask=is_slot, other=0)
-    slot_end = tl.load(cup_ptr + b + 1, mask=is_slot, other=0)
-    return slot_start + length, tl.where(is_slot, slot_end, num_rows)
+    """Padding rows ``[lo, hi)`` of slot ``b`` (clamped to the tensor); ``b == num_seqs`` is the tail."""
+    if b < num_seqs:
+        start, length = _span(cu_ptr, cup_ptr, b, num_rows)
+        lo = start + length
+        hi = tl.load(cup_ptr + b + 1).to(tl.int64)
+        hi = tl.minimum(tl.maximum(hi, lo), num_rows).to(tl.int32)
+    else:
+        lo = tl.minimum(tl.maximum(tl.load(cup_ptr + b).to(tl.int64), 0), num_rows).to(tl.int32)
+        hi = num_rows
+    return lo, hi
 
 
 @triton.jit
 def _fill_rows(
-    base_ptr,
-    stride_t,
-    lo,
-    hi,
-    step,
-    value,
-    WIDTH: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    base_ptr, stride_t, lo, hi, step, value, WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_R: tl.constexpr
 ):
     """Write ``value`` into rows ``lo, lo + BLOCK_R, ...`` (stepping by ``step``) below ``hi``."""
     offs_r = tl.arange(0, BLOCK_R)
@@ -91,7 +104,100 @@ def _fill_rows(
 
 
 @triton.jit
-def _fwd_inner(
+def _fill_padding(
+    base_ptr,
+    stride_t,
+    cu_ptr,
+    cup_ptr,
+    b,
+    num_seqs,
+    num_rows,
+    value,
+    WIDTH: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """This program's share of the padding rows of slot ``b`` (grid axis 0 splits them)."""
+    lo, hi = _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows)
+    first = tl.num_programs(0) - 1 - tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK_R
+    _fill_rows(base_ptr, stride_t, lo + first * BLOCK_R, hi, step, value, WIDTH, BLOCK_W, BLOCK_R)
+
+
+@triton.jit
+def _load_rows(
+    base, rows, cols, stride_t, limit, WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, MASK_ROWS: tl.constexpr
+):
+    """Rows ``rows`` (below ``limit`` when ``MASK_ROWS``) and columns ``< WIDTH`` of a ``[T, W]`` view;
+    everything else reads as 0 and is never touched in memory."""
+    ptrs = base + rows.to(tl.int64)[:, None] * stride_t + cols[None, :]
+    if MASK_ROWS:
+        return tl.load(ptrs, mask=(rows < limit)[:, None] & (cols[None, :] < WIDTH), other=0.0)
+    if WIDTH == BLOCK_W:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=cols[None, :] < WIDTH, other=0.0)
+
+
+@triton.jit
+def _store_rows(base, rows, cols, stride_t, limit, value, WIDTH: tl.constexpr):
+    ptrs = base + rows.to(tl.int64)[:, None] * stride_t + cols[None, :]
+    tl.store(ptrs, value.to(base.dtype.element_ty), mask=(rows < limit)[:, None] & (cols[None, :] < WIDTH))
+
+
+@triton.jit
+def _tile_ranges(
+    t0, t_last, d_lo, d_hi, partners, BLOCK: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr
+):
+    """Partner tiles of own indices ``[t0, t_last]`` where partner ``p`` is visible from ``t`` iff
+    ``p - t`` lies in ``[d_lo, d_hi]`` (a side unbounded unless ``HAS_LO`` / ``HAS_HI``) and
+    ``0 <= p < partners``. Returns ``(a, b, c, end)``: ``[a, b)`` and ``[c, end)`` need a mask,
+    ``[b, c)`` is seen in full by every own index; all but ``end`` are multiples of ``BLOCK``."""
+    lo = 0
+    full_lo = 0
+    end = partners
+    full_hi = partners
+    if HAS_LO:
+        lo = tl.maximum(t0 + d_lo, 0)
+        full_lo = tl.maximum(t_last + d_lo, 0)
+    if HAS_HI:
+        end = tl.maximum(tl.minimum(t_last + d_hi + 1, partners), 0)
+        full_hi = tl.maximum(tl.minimum(t0 + d_hi + 1, partners), 0)
+    a = (lo // BLOCK) * BLOCK
+    b = tl.cdiv(full_lo, BLOCK) * BLOCK
+    c = (full_hi // BLOCK) * BLOCK
+    if c <= b:  # no tile is seen in full: one masked stage
+        b = a
+        c = a
+    end = tl.maximum(end, c)
+    return a, b, c, end
+
+
+@triton.jit
+def _visible(r, c, num_keys, d_lo, d_hi, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
+    """Mask of visible (query ``r``, key ``c``) pairs, ``r`` and ``c`` broadcast against each other:
+    ``c < num_keys`` and ``c - r`` within the bounded sides of ``[d_lo, d_hi]``."""
+    seen = c < num_keys
+    if HAS_LO:
+        seen = seen & (c - r >= d_lo)
+    if HAS_HI:
+        seen = seen & (c - r <= d_hi)
+    return seen
+
+
+@triton.jit
+def _scores(raw, sm_scale, softcap, SOFTCAP: tl.constexpr):
+    """Scores in the log2 domain, and the tanh needed by the softcap's derivative."""
+    if SOFTCAP:
+        t = _tanh(raw * (sm_scale / softcap))
+        return t * (softcap * LOG2E), t
+    return raw * (sm_scale * LOG2E), raw
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+@triton.jit
+def _fwd_tiles(
     acc,
     m_i,
     l_i,
@@ -100,60 +206,45 @@ def _fwd_inner(
     v_base,
     stride_kt,
     stride_vt,
-    offs_m,
-    offs_d,
-    offs_dv,
-    n_lo,
-    n_hi,
+    rows,
+    lo,
+    hi,
     seqlen_k,
-    causal_offset,
-    qk_scale,
+    d_lo,
+    d_hi,
+    sm_scale,
+    softcap,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     MASKED: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
+    """Fold key tiles ``[lo, hi)`` into the online softmax ``(acc, m_i, l_i)`` of one query tile."""
     offs_n = tl.arange(0, BLOCK_N)
-    for start_n in range(n_lo, n_hi, BLOCK_N):
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
+        k = _load_rows(k_base, cols, offs_d, stride_kt, seqlen_k, HEAD_DIM, BLOCK_D, MASKED)
+        s, _ = _scores(_dot(q, tl.trans(k), UPCAST), sm_scale, softcap, SOFTCAP)
         if MASKED:
-            mask_n = cols < seqlen_k
-            k = tl.load(
-                k_base + cols[:, None] * stride_kt + offs_d[None, :],
-                mask=mask_n[:, None] & (offs_d[None, :] < HEAD_DIM),
-                other=0.0,
-            )  # [BLOCK_N, BLOCK_D]
-        else:
-            k = tl.load(
-                k_base + cols[:, None] * stride_kt + offs_d[None, :],
-                mask=offs_d[None, :] < HEAD_DIM,
-                other=0.0,
-            )  # [BLOCK_N, BLOCK_D]
-        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale  # [BLOCK_M, BLOCK_N], log2 domain
-        if MASKED:
-            visible = mask_n[None, :]
-            if IS_CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
-            qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
+            s = tl.where(
+                _visible(rows[:, None], cols[None, :], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT),
+                s,
+                float("-inf"),
+            )
+        m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(qk - m_safe[:, None])
+        p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(
-                v_base + cols[:, None] * stride_vt + offs_dv[None, :],
-                mask=mask_n[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-                other=0.0,
-            )  # [BLOCK_N, BLOCK_DV]
-        else:
-            v = tl.load(
-                v_base + cols[:, None] * stride_vt + offs_dv[None, :],
-                mask=offs_dv[None, :] < HEAD_DIM_V,
-                other=0.0,
-            )  # [BLOCK_N, BLOCK_DV]
+        v = _load_rows(v_base, cols, offs_dv, stride_vt, seqlen_k, HEAD_DIM_V, BLOCK_DV, MASKED)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST)
         m_i = m_new
     return acc, m_i, l_i
@@ -166,11 +257,13 @@ def _attention_fwd_kernel(
     v_ptr,
     out_ptr,
     lse_ptr,
+    sinks_ptr,
     cu_q_ptr,
     cu_k_ptr,
     cup_q_ptr,
     cup_k_ptr,
-    num_rows_q,
+    rows_q,
+    rows_k,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -181,121 +274,71 @@ def _attention_fwd_kernel(
     stride_oh,
     stride_lse_h,
     sm_scale,
+    softcap,
+    window_left,
+    window_right,
     seq_bucket,  # autotune key only
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
-    UPCAST: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     ACCUMULATE: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    num_m_blocks = tl.num_programs(0)
-    m_block_first = num_m_blocks - 1 - tl.program_id(0)
     head = tl.program_id(1)
     b = tl.program_id(2)
     num_seqs = tl.num_programs(2) - 1
     out_head = out_ptr + head * stride_oh
     lse_head = lse_ptr + head * stride_lse_h
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
-        pad_lo, pad_hi = _padding_span(cu_q_ptr, cup_q_ptr, b, num_seqs, num_rows_q)
-        _fill_rows(
-            out_head,
-            stride_ot,
-            pad_lo + m_block_first * BLOCK_M,
-            pad_hi,
-            num_m_blocks * BLOCK_M,
-            0.0,
-            HEAD_DIM_V,
-            BLOCK_DV,
-            BLOCK_M,
+        _fill_padding(
+            out_head, stride_ot, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, 0.0, HEAD_DIM_V, BLOCK_DV, BLOCK_M
         )
-        _fill_rows(
-            lse_head,
-            1,
-            pad_lo + m_block_first * BLOCK_M,
-            pad_hi,
-            num_m_blocks * BLOCK_M,
-            float("-inf"),
-            1,
-            1,
-            BLOCK_M,
-        )
+        _fill_padding(lse_head, 1, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, float("-inf"), 1, 1, BLOCK_M)
     if b == num_seqs:
         return
-    q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
-    k_start, seqlen_k = _sequence_bounds(cu_k_ptr, cup_k_ptr, b)
-    causal_offset = seqlen_k - seqlen_q
+    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
+    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
+    offset = seqlen_k - seqlen_q
+    d_lo = offset - window_left
+    d_hi = offset + window_right
     kv_head = head // GROUP
-    for m_block in range(m_block_first, tl.cdiv(seqlen_q, BLOCK_M), num_m_blocks):
-        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        mask_m = offs_m < seqlen_q
-        q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
-        k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
-        v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
-        q = tl.load(
-            q_base + offs_m[:, None] * stride_qt + offs_d[None, :],
-            mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
-            other=0.0,
-        )  # [BLOCK_M, BLOCK_D]
-
-        out_base = out_head + q_start.to(tl.int64) * stride_ot
+    q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
+    k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
+    v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+    out_base = out_head + q_start.to(tl.int64) * stride_ot
+    lse_base = lse_head + q_start
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    num_m_blocks = tl.num_programs(0)
+    for m_block in range(num_m_blocks - 1 - tl.program_id(0), tl.cdiv(seqlen_q, BLOCK_M), num_m_blocks):
+        rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = rows < seqlen_q
+        q = _load_rows(q_base, rows, offs_d, stride_qt, seqlen_q, HEAD_DIM, BLOCK_D, True)
         if ACCUMULATE:
             # Resume from a normalised partial (out, lse): m = lse (log2 domain), l = 1, acc = out;
             # a row with lse = -inf has seen no key yet (l = 0, out is 0 there).
-            lse_prev = tl.load(lse_head + q_start + offs_m, mask=mask_m, other=float("-inf"))
+            lse_prev = tl.load(lse_base + rows, mask=mask_m, other=float("-inf"))
             m_i = lse_prev * LOG2E
             l_i = tl.where(lse_prev == float("-inf"), 0.0, 1.0)
-            acc = tl.load(
-                out_base + offs_m[:, None] * stride_ot + offs_dv[None, :],
-                mask=mask_m[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-                other=0.0,
-            ).to(tl.float32)
+            acc = _load_rows(out_base, rows, offs_dv, stride_ot, seqlen_q, HEAD_DIM_V, BLOCK_DV, True)
+            acc = acc.to(tl.float32)
         else:
             m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        qk_scale = sm_scale * LOG2E
-
-        # Keys every row of this tile sees (in bounds, unmasked), then the masked remainder.
-        if IS_CAUSAL:
-            full_end = tl.minimum(seqlen_k, m_block * BLOCK_M + causal_offset + 1)
-            visible_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset)
-        else:
-            full_end = seqlen_k
-            visible_end = seqlen_k
-        full_end = tl.maximum(full_end, 0)
-        n_full = (full_end // BLOCK_N) * BLOCK_N
-        acc, m_i, l_i = _fwd_inner(
-            acc,
-            m_i,
-            l_i,
-            q,
-            k_base,
-            v_base,
-            stride_kt,
-            stride_vt,
-            offs_m,
-            offs_d,
-            offs_dv,
-            0,
-            n_full,
-            seqlen_k,
-            causal_offset,
-            qk_scale,
-            BLOCK_N,
-            HEAD_DIM,
-            HEAD_DIM_V,
-            False,
-            IS_CAUSAL,
-            UPCAST,
+        last = tl.minimum(m_block * BLOCK_M + BLOCK_M, seqlen_q) - 1
+        a, b_, c, end = _tile_ranges(
+            m_block * BLOCK_M, last, d_lo, d_hi, seqlen_k, BLOCK_N, HAS_LEFT, HAS_RIGHT
         )
-        acc, m_i, l_i = _fwd_inner(
+        acc, m_i, l_i = _fwd_tiles(
             acc,
             m_i,
             l_i,
@@ -304,32 +347,97 @@ def _attention_fwd_kernel(
             v_base,
             stride_kt,
             stride_vt,
-            offs_m,
-            offs_d,
-            offs_dv,
-            n_full,
-            visible_end,
+            rows,
+            a,
+            b_,
             seqlen_k,
-            causal_offset,
-            qk_scale,
+            d_lo,
+            d_hi,
+            sm_scale,
+            softcap,
             BLOCK_N,
             HEAD_DIM,
             HEAD_DIM_V,
+            BLOCK_D,
+            BLOCK_DV,
             True,
-            IS_CAUSAL,
+            HAS_LEFT,
+            HAS_RIGHT,
+            SOFTCAP,
             UPCAST,
         )
-
+        acc, m_i, l_i = _fwd_tiles(
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            rows,
+            b_,
+            c,
+            seqlen_k,
+            d_lo,
+            d_hi,
+            sm_scale,
+            softcap,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            BLOCK_D,
+            BLOCK_DV,
+            False,
+            HAS_LEFT,
+            HAS_RIGHT,
+            SOFTCAP,
+            UPCAST,
+        )
+        acc, m_i, l_i = _fwd_tiles(
+            acc,
+            m_i,
+            l_i,
+            q,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            rows,
+            c,
+            end,
+            seqlen_k,
+            d_lo,
+            d_hi,
+            sm_scale,
+            softcap,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            BLOCK_D,
+            BLOCK_DV,
+            True,
+            HAS_LEFT,
+            HAS_RIGHT,
+            SOFTCAP,
+            UPCAST,
+        )
+        if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
+            sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
+            m_new = tl.maximum(m_i, sink)
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.exp2(sink - m_new)
+            acc = acc * alpha[:, None]
+            m_i = m_new
         has_keys = l_i > 0.0
         l_safe = tl.where(has_keys, l_i, 1.0)
         out = acc / l_safe[:, None]
         lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
-        tl.store(
-            out_base + offs_m[:, None] * stride_ot + offs_dv[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=mask_m[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-        )
-        tl.store(lse_head + q_start + offs_m, lse, mask=mask_m)
+        _store_rows(out_base, rows, offs_dv, stride_ot, seqlen_q, out, HEAD_DIM_V)
+        tl.store(lse_base + rows, lse, mask=mask_m)
+
+
+# ----------------------------------------------------------------------------- backward
 
 
 @triton.jit
@@ -337,56 +445,62 @@ def _attention_bwd_preprocess_kernel(
     out_ptr,
     do_ptr,
     delta_ptr,
+    lse_ptr,
+    sinks_ptr,
+    dsink_rows_ptr,
     cu_q_ptr,
     cup_q_ptr,
+    rows_q,
     stride_ot,
     stride_oh,
     stride_dot,
     stride_doh,
-    stride_delta_h,
+    stride_lse_h,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
+    """``delta = rowsum(out * dout)`` per real row; with sinks also ``-exp(sink - lse) * delta``."""
     head = tl.program_id(1)
     b = tl.program_id(2)
-    q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
+    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
+    o_base = out_ptr + q_start.to(tl.int64) * stride_ot + head * stride_oh
+    do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
+    offs_dv = tl.arange(0, BLOCK_DV)
     for m_block in range(tl.program_id(0), tl.cdiv(seqlen_q, BLOCK_M), tl.num_programs(0)):
-        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        mask = (offs_m < seqlen_q)[:, None] & (offs_dv[None, :] < HEAD_DIM_V)
-        o = tl.load(
-            out_ptr
-            + q_start.to(tl.int64) * stride_ot
-            + head * stride_oh
-            + offs_m[:, None] * stride_ot
-            + offs_dv[None, :],
-            mask=mask,
-            other=0.0,
-        )  # [BLOCK_M, BLOCK_DV]
-        do = tl.load(
-            do_ptr
-            + q_start.to(tl.int64) * stride_dot
-            + head * stride_doh
-            + offs_m[:, None] * stride_dot
-            + offs_dv[None, :],
-            mask=mask,
-            other=0.0,
-        )  # [BLOCK_M, BLOCK_DV]
+        rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        o = _load_rows(o_base, rows, offs_dv, stride_ot, seqlen_q, HEAD_DIM_V, BLOCK_DV, True)
+        do = _load_rows(do_base, rows, offs_dv, stride_dot, seqlen_q, HEAD_DIM_V, BLOCK_DV, True)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-        tl.store(delta_ptr + head * stride_delta_h + q_start + offs_m, delta, mask=offs_m < seqlen_q)
+        at = head * stride_lse_h + q_start + rows
+        tl.store(delta_ptr + at, delta, mask=rows < seqlen_q)
+        if HAS_SINKS:
+            lse = tl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
+            sink = tl.load(sinks_ptr + head).to(tl.float32)
+            p_sink = tl.where(lse == float("-inf"), 0.0, tl.exp(sink - lse))
+            tl.store(dsink_rows_ptr + at, -p_sink * delta, mask=rows < seqlen_q)
 
 
 @triton.jit
-def _load_lse(lse_base, offs_m, seqlen_q):
-    # Rows past the end and rows that saw no key get +inf so that exp2(qk - lse) == 0.
-    lse = tl.load(lse_base + offs_m, mask=offs_m < seqlen_q, other=float("inf"))
+def _load_lse(lse_base, rows, seqlen_q):
+    # Rows past the end and rows that saw no key get +inf so that exp2(s - lse) == 0.
+    lse = tl.load(lse_base + rows, mask=rows < seqlen_q, other=float("inf"))
     lse = tl.where(lse == float("-inf"), float("inf"), lse)
     return lse * LOG2E
 
 
 @triton.jit
-def _dkdv_inner(
+def _ds_scaled(p, dp, delta, t, sm_scale, SOFTCAP: tl.constexpr):
+    """d(loss)/d(raw q.k) from P, dP and the row term ``delta`` (softcap chain rule applied)."""
+    ds = p * (dp - delta)
+    if SOFTCAP:
+        return ds * (sm_scale * (1.0 - t * t))
+    return ds * sm_scale
+
+
+@triton.jit
+def _bwd_kv_tiles(
     dk,
     dv,
     k,
@@ -395,46 +509,56 @@ def _dkdv_inner(
     do_base,
     lse_base,
     delta_base,
+    dq_base,
     stride_qt,
     stride_dot,
-    offs_n,
-    offs_d,
-    offs_dv,
-    m_lo,
-    m_hi,
+    stride_dqt,
+    cols,
+    lo,
+    hi,
     seqlen_q,
-    causal_offset,
-    qk_scale,
+    seqlen_k,
+    d_lo,
+    d_hi,
+    sm_scale,
+    softcap,
     BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     MASKED: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    offs_m0 = tl.arange(0, BLOCK_M)
-    for start_m in range(m_lo, m_hi, BLOCK_M):
-        offs_m = start_m + offs_m0
-        mask_m = offs_m < seqlen_q
-        q = tl.load(
-            q_base + offs_m[:, None] * stride_qt + offs_d[None, :],
-            mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
-            other=0.0,
-        )  # [BLOCK_M, BLOCK_D]
-        do = tl.load(
-            do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
-            mask=mask_m[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-            other=0.0,
-        )  # [BLOCK_M, BLOCK_DV]
-        lse = _load_lse(lse_base, offs_m, seqlen_q)  # [BLOCK_M]
-        delta = tl.load(delta_base + offs_m, mask=mask_m, other=0.0)  # [BLOCK_M]
-        qk_t = _dot(k, tl.trans(q), UPCAST) * qk_scale  # [BLOCK_N, BLOCK_M]
-        p_t = tl.exp2(qk_t - lse[None, :])
+    """Accumulate dK, dV of one key tile over query tiles ``[lo, hi)`` (and add dQ with atomics)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_base, rows, offs_d, stride_qt, seqlen_q, HEAD_DIM, BLOCK_D, MASKED)
+        do = _load_rows(do_base, rows, offs_dv, stride_dot, seqlen_q, HEAD_DIM_V, BLOCK_DV, MASKED)
+        lse = _load_lse(lse_base, rows, seqlen_q)
+        delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
+        s_t, t_t = _scores(_dot(k, tl.trans(q), UPCAST), sm_scale, softcap, SOFTCAP)  # [BLOCK_N, BLOCK_M]
+        p_t = tl.exp2(s_t - lse[None, :])
         if MASKED:
-            p_t = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_offset, p_t, 0.0)
+            p_t = tl.where(
+                _visible(rows[None, :], cols[:, None], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p_t, 0.0
+            )
         dv += _dot(p_t.to(do.dtype), do, UPCAST)
         dp_t = _dot(v, tl.trans(do), UPCAST)  # [BLOCK_N, BLOCK_M]
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk += _dot(ds_t.to(q.dtype), q, UPCAST)
+        ds_t = _ds_scaled(p_t, dp_t, delta[None, :], t_t, sm_scale, SOFTCAP).to(q.dtype)
+        dk += _dot(ds_t, q, UPCAST)
+        if ATOMIC_DQ:
+            dq = _dot(tl.trans(ds_t), k, UPCAST)  # [BLOCK_M, BLOCK_D]
+            ptrs = dq_base + rows.to(tl.int64)[:, None] * stride_dqt + offs_d[None, :]
+            tl.atomic_add(
+                ptrs, dq, mask=(rows < seqlen_q)[:, None] & (offs_d[None, :] < HEAD_DIM), sem="relaxed"
+            )
     return dk, dv
 
 
@@ -448,11 +572,13 @@ def _attention_bwd_dkdv_kernel(
     delta_ptr,
     dk_ptr,
     dv_ptr,
+    dq_acc_ptr,
     cu_q_ptr,
     cu_k_ptr,
     cup_q_ptr,
     cup_k_ptr,
-    num_rows_k,
+    rows_q,
+    rows_k,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -465,92 +591,73 @@ def _attention_bwd_dkdv_kernel(
     stride_dkh,
     stride_dvt,
     stride_dvh,
+    stride_dqt,
+    stride_dqh,
     stride_lse_h,
     sm_scale,
+    softcap,
+    window_left,
+    window_right,
     seq_bucket,  # autotune key only
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    num_n_blocks = tl.num_programs(0)
-    n_block_first = num_n_blocks - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     b = tl.program_id(2)
     num_seqs = tl.num_programs(2) - 1
-    pad_lo, pad_hi = _padding_span(cu_k_ptr, cup_k_ptr, b, num_seqs, num_rows_k)
     dk_head = dk_ptr + kv_head * stride_dkh
     dv_head = dv_ptr + kv_head * stride_dvh
-    _fill_rows(
-        dk_head,
-        stride_dkt,
-        pad_lo + n_block_first * BLOCK_N,
-        pad_hi,
-        num_n_blocks * BLOCK_N,
-        0.0,
-        HEAD_DIM,
-        BLOCK_D,
-        BLOCK_N,
+    _fill_padding(
+        dk_head, stride_dkt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, 0.0, HEAD_DIM, BLOCK_D, BLOCK_N
     )
-    _fill_rows(
-        dv_head,
-        stride_dvt,
-        pad_lo + n_block_first * BLOCK_N,
-        pad_hi,
-        num_n_blocks * BLOCK_N,
-        0.0,
-        HEAD_DIM_V,
-        BLOCK_DV,
-        BLOCK_N,
+    _fill_padding(
+        dv_head, stride_dvt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, 0.0, HEAD_DIM_V, BLOCK_DV, BLOCK_N
     )
     if b == num_seqs:
         return
-    k_start, seqlen_k = _sequence_bounds(cu_k_ptr, cup_k_ptr, b)
-    q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
-    causal_offset = seqlen_k - seqlen_q
-    for n_block in range(n_block_first, tl.cdiv(seqlen_k, BLOCK_N), num_n_blocks):
-        offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        mask_n = offs_n < seqlen_k
-        k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
-        v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
-        k = tl.load(
-            k_base + offs_n[:, None] * stride_kt + offs_d[None, :],
-            mask=mask_n[:, None] & (offs_d[None, :] < HEAD_DIM),
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
-        v = tl.load(
-            v_base + offs_n[:, None] * stride_vt + offs_dv[None, :],
-            mask=mask_n[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_DV]
+    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
+    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
+    offset = seqlen_k - seqlen_q
+    # Query r sees key c iff c - r in [offset - left, offset + right], i.e. r - c in
+    # [-offset - right, -offset + left]: the same ranges with the sides swapped.
+    d_lo = offset - window_left
+    d_hi = offset + window_right
+    k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
+    v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    num_n_blocks = tl.num_programs(0)
+    for n_block in range(num_n_blocks - 1 - tl.program_id(0), tl.cdiv(seqlen_k, BLOCK_N), num_n_blocks):
+        cols = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, cols, offs_d, stride_kt, seqlen_k, HEAD_DIM, BLOCK_D, True)
+        v = _load_rows(v_base, cols, offs_dv, stride_vt, seqlen_k, HEAD_DIM_V, BLOCK_DV, True)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-        qk_scale = sm_scale * LOG2E
-
-        # Query rows that see some key of this block, and those that see all of them.
-        if IS_CAUSAL:
-            m_lo = tl.maximum(n_block * BLOCK_N - causal_offset, 0)
-            m_lo = (m_lo // BLOCK_M) * BLOCK_M
-            m_full = tl.maximum(n_block * BLOCK_N + BLOCK_N - 1 - causal_offset, 0)
-            m_full = tl.minimum(tl.cdiv(m_full, BLOCK_M) * BLOCK_M, tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M)
-            m_full = tl.maximum(m_full, m_lo)
-        else:
-            m_lo = 0
-            m_full = 0
+        last = tl.minimum(n_block * BLOCK_N + BLOCK_N, seqlen_k) - 1
+        a, b_, c, end = _tile_ranges(
+            n_block * BLOCK_N, last, -d_hi, -d_lo, seqlen_q, BLOCK_M, HAS_RIGHT, HAS_LEFT
+        )
+        if last < n_block * BLOCK_N + BLOCK_N - 1:  # a partial key tile: mask every stage
+            b_ = a
+            c = a
         for g in range(GROUP):
             head = kv_head * GROUP + g
             q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
             do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
             lse_base = lse_ptr + head * stride_lse_h + q_start
             delta_base = delta_ptr + head * stride_lse_h + q_start
-            dk, dv = _dkdv_inner(
+            dq_base = dq_acc_ptr + q_start.to(tl.int64) * stride_dqt + head * stride_dqh
+            dk, dv = _bwd_kv_tiles(
                 dk,
                 dv,
                 k,
@@ -559,23 +666,32 @@ def _attention_bwd_dkdv_kernel(
                 do_base,
                 lse_base,
                 delta_base,
+                dq_base,
                 stride_qt,
                 stride_dot,
-                offs_n,
-                offs_d,
-                offs_dv,
-                m_lo,
-                m_full,
+                stride_dqt,
+                cols,
+                a,
+                b_,
                 seqlen_q,
-                causal_offset,
-                qk_scale,
+                seqlen_k,
+                d_lo,
+                d_hi,
+                sm_scale,
+                softcap,
                 BLOCK_M,
                 HEAD_DIM,
                 HEAD_DIM_V,
+                BLOCK_D,
+                BLOCK_DV,
                 True,
+                HAS_LEFT,
+                HAS_RIGHT,
+                SOFTCAP,
+                ATOMIC_DQ,
                 UPCAST,
             )
-            dk, dv = _dkdv_inner(
+            dk, dv = _bwd_kv_tiles(
                 dk,
                 dv,
                 k,
@@ -584,37 +700,75 @@ def _attention_bwd_dkdv_kernel(
                 do_base,
                 lse_base,
                 delta_base,
+                dq_base,
                 stride_qt,
                 stride_dot,
-                offs_n,
-                offs_d,
-                offs_dv,
-                m_full,
+                stride_dqt,
+                cols,
+                b_,
+                c,
                 seqlen_q,
-                seqlen_q,
-                causal_offset,
-                qk_scale,
+                seqlen_k,
+                d_lo,
+                d_hi,
+                sm_scale,
+                softcap,
                 BLOCK_M,
                 HEAD_DIM,
                 HEAD_DIM_V,
+                BLOCK_D,
+                BLOCK_DV,
                 False,
+                HAS_LEFT,
+                HAS_RIGHT,
+                SOFTCAP,
+                ATOMIC_DQ,
                 UPCAST,
             )
-        dk = dk * sm_scale
-        tl.store(
-            dk_head + k_start.to(tl.int64) * stride_dkt + offs_n[:, None] * stride_dkt + offs_d[None, :],
-            dk.to(dk_ptr.dtype.element_ty),
-            mask=mask_n[:, None] & (offs_d[None, :] < HEAD_DIM),
+            dk, dv = _bwd_kv_tiles(
+                dk,
+                dv,
+                k,
+                v,
+                q_base,
+                do_base,
+                lse_base,
+                delta_base,
+                dq_base,
+                stride_qt,
+                stride_dot,
+                stride_dqt,
+                cols,
+                c,
+                end,
+                seqlen_q,
+                seqlen_k,
+                d_lo,
+                d_hi,
+                sm_scale,
+                softcap,
+                BLOCK_M,
+                HEAD_DIM,
+                HEAD_DIM_V,
+                BLOCK_D,
+                BLOCK_DV,
+                True,
+                HAS_LEFT,
+                HAS_RIGHT,
+                SOFTCAP,
+                ATOMIC_DQ,
+                UPCAST,
+            )
+        _store_rows(
+            dk_head + k_start.to(tl.int64) * stride_dkt, cols, offs_d, stride_dkt, seqlen_k, dk, HEAD_DIM
         )
-        tl.store(
-            dv_head + k_start.to(tl.int64) * stride_dvt + offs_n[:, None] * stride_dvt + offs_dv[None, :],
-            dv.to(dv_ptr.dtype.element_ty),
-            mask=mask_n[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+        _store_rows(
+            dv_head + k_start.to(tl.int64) * stride_dvt, cols, offs_dv, stride_dvt, seqlen_k, dv, HEAD_DIM_V
         )
 
 
 @triton.jit
-def _dq_inner(
+def _bwd_q_tiles(
     dq,
     q,
     do,
@@ -624,45 +778,42 @@ def _dq_inner(
     v_base,
     stride_kt,
     stride_vt,
-    offs_m,
-    offs_d,
-    offs_dv,
-    n_lo,
-    n_hi,
+    rows,
+    lo,
+    hi,
     seqlen_k,
-    causal_offset,
-    qk_scale,
+    d_lo,
+    d_hi,
+    sm_scale,
+    softcap,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     MASKED: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    offs_n0 = tl.arange(0, BLOCK_N)
-    for start_n in range(n_lo, n_hi, BLOCK_N):
-        cols = start_n + offs_n0
-        mask_n = cols < seqlen_k
-        k = tl.load(
-            k_base + cols[:, None] * stride_kt + offs_d[None, :],
-            mask=mask_n[:, None] & (offs_d[None, :] < HEAD_DIM),
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
-        v = tl.load(
-            v_base + cols[:, None] * stride_vt + offs_dv[None, :],
-            mask=mask_n[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_DV]
-        qk = _dot(q, tl.trans(k), UPCAST) * qk_scale  # [BLOCK_M, BLOCK_N]
-        p = tl.exp2(qk - lse[:, None])
+    """Accumulate dQ of one query tile over key tiles ``[lo, hi)``."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k = _load_rows(k_base, cols, offs_d, stride_kt, seqlen_k, HEAD_DIM, BLOCK_D, MASKED)
+        v = _load_rows(v_base, cols, offs_dv, stride_vt, seqlen_k, HEAD_DIM_V, BLOCK_DV, MASKED)
+        s, t = _scores(_dot(q, tl.trans(k), UPCAST), sm_scale, softcap, SOFTCAP)  # [BLOCK_M, BLOCK_N]
+        p = tl.exp2(s - lse[:, None])
         if MASKED:
-            visible = mask_n[None, :]
-            if IS_CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
-            p = tl.where(visible, p, 0.0)
-        dp = _dot(do, tl.trans(v), UPCAST)  # [BLOCK_M, BLOCK_N]
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k.dtype), k, UPCAST)
+            p = tl.where(
+                _visible(rows[:, None], cols[None, :], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0
+            )
+        dp = _dot(do, tl.trans(v), UPCAST)
+        ds = _ds_scaled(p, dp, delta[:, None], t, sm_scale, SOFTCAP).to(k.dtype)
+        dq += _dot(ds, k, UPCAST)
     return dq
 
 
@@ -679,7 +830,8 @@ def _attention_bwd_dq_kernel(
     cu_k_ptr,
     cup_q_ptr,
     cup_k_ptr,
-    num_rows_q,
+    rows_q,
+    rows_k,
     stride_qt,
     stride_qh,
     stride_kt,
@@ -692,99 +844,56 @@ def _attention_bwd_dq_kernel(
     stride_dqh,
     stride_lse_h,
     sm_scale,
+    softcap,
+    window_left,
+    window_right,
     seq_bucket,  # autotune key only
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
+    HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    num_m_blocks = tl.num_programs(0)
-    m_block_first = num_m_blocks - 1 - tl.program_id(0)
     head = tl.program_id(1)
     b = tl.program_id(2)
     num_seqs = tl.num_programs(2) - 1
-    pad_lo, pad_hi = _padding_span(cu_q_ptr, cup_q_ptr, b, num_seqs, num_rows_q)
     dq_head = dq_ptr + head * stride_dqh
-    _fill_rows(
-        dq_head,
-        stride_dqt,
-        pad_lo + m_block_first * BLOCK_M,
-        pad_hi,
-        num_m_blocks * BLOCK_M,
-        0.0,
-        HEAD_DIM,
-        BLOCK_D,
-        BLOCK_M,
+    _fill_padding(
+        dq_head, stride_dqt, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, 0.0, HEAD_DIM, BLOCK_D, BLOCK_M
     )
     if b == num_seqs:
         return
-    q_start, seqlen_q = _sequence_bounds(cu_q_ptr, cup_q_ptr, b)
-    k_start, seqlen_k = _sequence_bounds(cu_k_ptr, cup_k_ptr, b)
-    causal_offset = seqlen_k - seqlen_q
+    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
+    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
+    offset = seqlen_k - seqlen_q
+    d_lo = offset - window_left
+    d_hi = offset + window_right
     kv_head = head // GROUP
-    for m_block in range(m_block_first, tl.cdiv(seqlen_q, BLOCK_M), num_m_blocks):
-        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        mask_m = offs_m < seqlen_q
-        q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
-        do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
-        k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
-        v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
-        q = tl.load(
-            q_base + offs_m[:, None] * stride_qt + offs_d[None, :],
-            mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
-            other=0.0,
-        )  # [BLOCK_M, BLOCK_D]
-        do = tl.load(
-            do_base + offs_m[:, None] * stride_dot + offs_dv[None, :],
-            mask=mask_m[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-            other=0.0,
-        )  # [BLOCK_M, BLOCK_DV]
-        lse = _load_lse(lse_ptr + head * stride_lse_h + q_start, offs_m, seqlen_q)  # [BLOCK_M]
-        delta = tl.load(delta_ptr + head * stride_lse_h + q_start + offs_m, mask=mask_m, other=0.0)
+    q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
+    do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
+    k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
+    v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    num_m_blocks = tl.num_programs(0)
+    for m_block in range(num_m_blocks - 1 - tl.program_id(0), tl.cdiv(seqlen_q, BLOCK_M), num_m_blocks):
+        rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        q = _load_rows(q_base, rows, offs_d, stride_qt, seqlen_q, HEAD_DIM, BLOCK_D, True)
+        do = _load_rows(do_base, rows, offs_dv, stride_dot, seqlen_q, HEAD_DIM_V, BLOCK_DV, True)
+        lse = _load_lse(lse_ptr + head * stride_lse_h + q_start, rows, seqlen_q)
+        delta = tl.load(delta_ptr + head * stride_lse_h + q_start + rows, mask=rows < seqlen_q, other=0.0)
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        qk_scale = sm_scale * LOG2E
-
-        if IS_CAUSAL:
-            full_end = tl.minimum(seqlen_k, m_block * BLOCK_M + causal_offset + 1)
-            visible_end = tl.minimum(seqlen_k, (m_block + 1) * BLOCK_M + causal_offset)
-        else:
-            full_end = seqlen_k
-            visible_end = seqlen_k
-        full_end = tl.maximum(full_end, 0)
-        n_full = (full_end // BLOCK_N) * BLOCK_N
-        dq = _dq_inner(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            k_base,
-            v_base,
-            stride_kt,
-            stride_vt,
-            offs_m,
-            offs_d,
-            offs_dv,
-            0,
-            n_full,
-            seqlen_k,
-            causal_offset,
-            qk_scale,
-            BLOCK_N,
-            HEAD_DIM,
-            HEAD_DIM_V,
-            False,
-            IS_CAUSAL,
-            UPCAST,
+        last = tl.minimum(m_block * BLOCK_M + BLOCK_M, seqlen_q) - 1
+        a, b_, c, end = _tile_ranges(
+            m_block * BLOCK_M, last, d_lo, d_hi, seqlen_k, BLOCK_N, HAS_LEFT, HAS_RIGHT
         )
-        dq = _dq_inner(
+        dq = _bwd_q_tiles(
             dq,
             q,
             do,
@@ -794,24 +903,83 @@ def _attention_bwd_dq_kernel(
             v_base,
             stride_kt,
             stride_vt,
-            offs_m,
-            offs_d,
-            offs_dv,
-            n_full,
-            visible_end,
+            rows,
+            a,
+            b_,
             seqlen_k,
-            causal_offset,
-            qk_scale,
+            d_lo,
+            d_hi,
+            sm_scale,
+            softcap,
             BLOCK_N,
             HEAD_DIM,
             HEAD_DIM_V,
+            BLOCK_D,
+            BLOCK_DV,
             True,
-            IS_CAUSAL,
+            HAS_LEFT,
+            HAS_RIGHT,
+            SOFTCAP,
             UPCAST,
         )
-        dq = dq * sm_scale
-        tl.store(
-            dq_head + q_start.to(tl.int64) * stride_dqt + offs_m[:, None] * stride_dqt + offs_d[None, :],
-            dq.to(dq_ptr.dtype.element_ty),
-            mask=mask_m[:, None] & (offs_d[None, :] < HEAD_DIM),
+        dq = _bwd_q_tiles(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            rows,
+            b_,
+            c,
+            seqlen_k,
+            d_lo,
+            d_hi,
+            sm_scale,
+            softcap,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            BLOCK_D,
+            BLOCK_DV,
+            False,
+            HAS_LEFT,
+            HAS_RIGHT,
+            SOFTCAP,
+            UPCAST,
+        )
+        dq = _bwd_q_tiles(
+            dq,
+            q,
+            do,
+            lse,
+            delta,
+            k_base,
+            v_base,
+            stride_kt,
+            stride_vt,
+            rows,
+            c,
+            end,
+            seqlen_k,
+            d_lo,
+            d_hi,
+            sm_scale,
+            softcap,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_V,
+            BLOCK_D,
+            BLOCK_DV,
+            True,
+            HAS_LEFT,
+            HAS_RIGHT,
+            SOFTCAP,
+            UPCAST,
+        )
+        _store_rows(
+            dq_head + q_start.to(tl.int64) * stride_dqt, rows, offs_d, stride_dqt, seqlen_q, dq, HEAD_DIM
         )

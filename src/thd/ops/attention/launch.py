@@ -1,86 +1,155 @@
-"""Launchers for the Triton attention kernels: tiles, autotuning, grids, allocation."""
+"""Launchers for the Triton attention kernels: tiles, grids, allocation.
+
+Tiles come from a table measured on the H200 (:data:`TILES`), looked up by kernel and head-dim
+class, so the hot path pays no autotuner. ``THD_AUTOTUNE=1`` autotunes over :data:`CANDIDATES`
+instead (the benchmark uses it to refresh the table).
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 from torch import Tensor
 
 from thd.ops.attention import kernels
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
-__all__ = ["backward", "forward"]
+__all__ = ["CANDIDATES", "TILES", "Tile", "backward", "forward", "tile_for"]
 
 # Read once at import, as Triton decides interpreter vs compiler when kernels are decorated.
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_AUTOTUNE = os.environ.get("THD_AUTOTUNE", "1") != "0"
+_AUTOTUNE = os.environ.get("THD_AUTOTUNE", "0") == "1" and not _INTERPRET
 
 
-def _config(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+@dataclass(frozen=True)
+class Tile:
+    """Rows of queries and keys per tile, and the kernel's warps and pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def config(self) -> triton.Config:
+        return triton.Config(
+            {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n},
+            num_warps=self.num_warps,
+            num_stages=self.num_stages,
+        )
 
 
-def _pruner(max_tile_for_large_head_dim: int):  # type: ignore[no-untyped-def]
-    """Keep only tiles that fit in shared memory when a head dim exceeds 128."""
+# (kernel, head-dim class) -> tile; the class is the padded head dim: 64, 128 or 256.
+TILES: dict[tuple[str, int], Tile] = {
+    ("fwd", 64): Tile(128, 64, 4, 3),
+    ("fwd", 128): Tile(128, 64, 8, 3),
+    ("fwd", 256): Tile(64, 32, 4, 2),
+    ("dkdv", 64): Tile(64, 128, 8, 2),
+    ("dkdv", 128): Tile(64, 128, 8, 2),
+    ("dkdv", 256): Tile(32, 64, 4, 2),
+    ("dq", 64): Tile(128, 64, 8, 3),
+    ("dq", 128): Tile(128, 64, 8, 3),
+    ("dq", 256): Tile(64, 32, 4, 2),
+}
+_INTERPRETER_TILE = Tile(32, 32, 4, 1)
 
+CANDIDATES: dict[str, list[Tile]] = {
+    "fwd": [
+        Tile(128, 64, 8, 3),
+        Tile(128, 128, 8, 3),
+        Tile(128, 64, 4, 3),
+        Tile(128, 128, 8, 2),
+        Tile(64, 64, 4, 3),
+        Tile(128, 32, 4, 3),
+        Tile(64, 32, 4, 2),
+    ],
+    "dkdv": [
+        Tile(64, 128, 8, 2),
+        Tile(64, 128, 8, 3),
+        Tile(64, 64, 4, 2),
+        Tile(32, 128, 8, 2),
+        Tile(128, 128, 8, 2),
+        Tile(128, 64, 8, 2),
+        Tile(32, 64, 4, 2),
+    ],
+    "dq": [
+        Tile(128, 64, 8, 3),
+        Tile(128, 128, 8, 2),
+        Tile(64, 64, 4, 3),
+        Tile(64, 32, 4, 2),
+        Tile(128, 32, 4, 3),
+    ],
+}
+_MAX_TILE_AREA_256 = {"fwd": 64 * 64, "dkdv": 32 * 64, "dq": 64 * 64}
+
+
+def _dim_class(meta: dict[str, int | bool]) -> int:
+    return max(64, int(meta["BLOCK_D"]), int(meta["BLOCK_DV"]))
+
+
+def tile_for(kernel: str, meta: dict[str, int | bool]) -> Tile:
+    """The tile a launch of ``kernel`` uses for these head dims."""
+    return _INTERPRETER_TILE if _INTERPRET else TILES[(kernel, _dim_class(meta))]
+
+
+def _prune(kernel: str):  # type: ignore[no-untyped-def]
     def prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
-        head_dim = max(int(kwargs.get("BLOCK_D", 128)), int(kwargs.get("BLOCK_DV", 128)))  # type: ignore[call-overload]
-        kept = [
-            c
-            for c in configs
-            if head_dim <= 128
-            or (
-                c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= max_tile_for_large_head_dim and c.num_stages <= 2
-            )
-        ]
-        kept = kept or [_config(32, 32, 4, 1)]
-        return kept if _AUTOTUNE else kept[:1]
+        if max(int(kwargs["BLOCK_D"]), int(kwargs["BLOCK_DV"])) <= 128:  # type: ignore[call-overload]
+            return configs
+        area = _MAX_TILE_AREA_256[kernel]
+        kept = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= area and c.num_stages <= 2]
+        return kept or [_INTERPRETER_TILE.config()]
 
     return prune
 
 
-if _INTERPRET:
-    _FWD_CONFIGS = [_config(32, 32, 4, 1)]
-    _BWD_CONFIGS = [_config(32, 32, 4, 1)]
+_KEY = ["seq_bucket", "HEAD_DIM", "HEAD_DIM_V", "GROUP", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP"]
+
+
+def _tuned(kernel: str, fn, restore: list[str] | None = None, key: list[str] = _KEY):  # type: ignore[no-untyped-def]
+    configs = [t.config() for t in CANDIDATES[kernel]]
+    return triton.autotune(
+        configs=configs,
+        key=key,
+        prune_configs_by={"early_config_prune": _prune(kernel)},
+        restore_value=restore,
+    )(fn)
+
+
+if _AUTOTUNE:
+    _KERNELS = {
+        "fwd": _tuned("fwd", kernels._attention_fwd_kernel, ["out_ptr", "lse_ptr"], [*_KEY, "ACCUMULATE"]),
+        "dkdv": _tuned("dkdv", kernels._attention_bwd_dkdv_kernel, ["dq_acc_ptr"], [*_KEY, "ATOMIC_DQ"]),
+        "dq": _tuned("dq", kernels._attention_bwd_dq_kernel),
+    }
 else:
-    _FWD_CONFIGS = [
-        _config(128, 64, 8, 3),
-        _config(128, 128, 8, 3),
-        _config(128, 64, 4, 3),
-        _config(128, 32, 4, 3),
-        _config(64, 64, 4, 3),
-        _config(64, 64, 4, 2),
-        _config(64, 32, 4, 2),
-    ]
-    _BWD_CONFIGS = [
-        _config(64, 128, 8, 2),
-        _config(64, 64, 4, 2),
-        _config(32, 128, 8, 2),
-        _config(128, 64, 8, 2),
-        _config(32, 64, 4, 2),
-    ]
-
-if not _AUTOTUNE:  # one good config each: fast compiles for tests
-    _FWD_CONFIGS = [_config(64, 64, 4, 3), _config(64, 32, 4, 2)]
-    _BWD_CONFIGS = [_config(64, 64, 4, 2), _config(32, 64, 4, 2)]
-
-_KEY = ["seq_bucket", "HEAD_DIM", "HEAD_DIM_V", "IS_CAUSAL", "GROUP"]
+    _KERNELS = {
+        "fwd": kernels._attention_fwd_kernel,
+        "dkdv": kernels._attention_bwd_dkdv_kernel,
+        "dq": kernels._attention_bwd_dq_kernel,
+    }
 
 
-def _autotune(configs: list[triton.Config], max_tile: int, fn, *, in_place: bool = False):  # type: ignore[no-untyped-def]
-    """``in_place``: the kernel may update out/lse in place (the forward's ACCUMULATE), so
-    autotuning restores them after each trial and the mode is part of the key."""
-    prune = {"early_config_prune": _pruner(max_tile)}
-    restore = ["out_ptr", "lse_ptr"] if in_place else None
-    key = [*_KEY, "ACCUMULATE"] if in_place else _KEY
-    return triton.autotune(configs=configs, key=key, prune_configs_by=prune, restore_value=restore)(fn)
-
-
-_fwd_kernel = _autotune(_FWD_CONFIGS, 64 * 64, kernels._attention_fwd_kernel, in_place=True)
-_dkdv_kernel = _autotune(_BWD_CONFIGS, 32 * 64, kernels._attention_bwd_dkdv_kernel)
-_DQ_CONFIGS = _FWD_CONFIGS if _INTERPRET else [_config(128, 64, 8, 3), *_FWD_CONFIGS]
-_dq_kernel = _autotune(_DQ_CONFIGS, 64 * 64, kernels._attention_bwd_dq_kernel)
+def _launch(kernel: str, rows: int, num_heads: int, num_seqs: int, meta: dict, *args: object) -> None:
+    """Launch ``kernel`` on a ``(row blocks, heads, sequences + 1)`` grid."""
+    fn = _KERNELS[kernel]
+    if _AUTOTUNE:
+        block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
+        grid = lambda m: (max(1, triton.cdiv(rows, m[block])), num_heads, num_seqs + 1)
+        fn[grid](*args, **meta)
+        return
+    tile = tile_for(kernel, meta)
+    block = tile.block_n if kernel == "dkdv" else tile.block_m
+    fn[(max(1, triton.cdiv(rows, block)), num_heads, num_seqs + 1)](
+        *args,
+        **meta,
+        BLOCK_M=tile.block_m,
+        BLOCK_N=tile.block_n,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )
 
 
 def _rows_major(x: Tensor) -> Tensor:
@@ -91,37 +160,41 @@ def _seq_bucket(max_seqlen: int) -> int:
     return triton.next_power_of_2(max(int(max_seqlen), 16))
 
 
-def _head_meta(q: Tensor, k: Tensor, v: Tensor) -> dict[str, int | bool]:
+def _meta(q: Tensor, k: Tensor, v: Tensor, options: AttentionOptions) -> dict[str, int | bool]:
     return {
         "GROUP": q.shape[1] // k.shape[1],
         "HEAD_DIM": q.shape[2],
         "HEAD_DIM_V": v.shape[2],
-        "BLOCK_D": triton.next_power_of_2(q.shape[2]),
-        "BLOCK_DV": triton.next_power_of_2(v.shape[2]),
+        "BLOCK_D": max(16, triton.next_power_of_2(q.shape[2])),
+        "BLOCK_DV": max(16, triton.next_power_of_2(v.shape[2])),
+        "HAS_LEFT": options.window_left >= 0,
+        "HAS_RIGHT": options.window_right >= 0,
+        "SOFTCAP": options.softcap > 0.0,
         "UPCAST": _INTERPRET and q.dtype == torch.bfloat16,
     }
+
+
+def _variant_args(options: AttentionOptions) -> tuple[float, float, int, int]:
+    softcap = options.softcap if options.softcap > 0.0 else 1.0
+    return options.softmax_scale, softcap, max(options.window_left, 0), max(options.window_right, 0)
 
 
 def forward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    cu_q: Tensor,
-    cu_kv: Tensor,
-    cup_q: Tensor | None,
-    cup_kv: Tensor | None,
-    max_seqlen_q: int,
-    causal: bool,
-    scale: float,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
     accumulate: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One kernel launch: ``(out, lse)``, padding rows written as 0 / -inf by the kernel.
 
-    ``accumulate=(out, lse)``: fold this launch into that normalised partial result in place
-    (only its real rows are read and written) and return it.
+    ``layout.max_seqlen_*`` must be ints. ``accumulate=(out, lse)``: fold this launch into that
+    normalised partial result in place (only its real rows are read and written) and return it.
     """
     q, k, v = _rows_major(q), _rows_major(k), _rows_major(v)
-    num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], cu_q.shape[0] - 1
+    num_rows, num_heads = q.shape[0], q.shape[1]
     if accumulate is None:
         out = q.new_empty(num_rows, num_heads, v.shape[2])
         lse = q.new_empty(num_heads, num_rows, dtype=torch.float32)
@@ -129,18 +202,26 @@ def forward(
         out, lse = accumulate
     if num_rows == 0:
         return out, lse
-    grid = lambda meta: (max(1, triton.cdiv(max_seqlen_q, meta["BLOCK_M"])), num_heads, num_seqs + 1)
-    _fwd_kernel[grid](
+    meta = _meta(q, k, v, options)
+    assert layout.max_seqlen_q is not None
+    _launch(
+        "fwd",
+        layout.max_seqlen_q,
+        num_heads,
+        layout.num_seqs,
+        {**meta, "HAS_SINKS": sinks is not None, "ACCUMULATE": accumulate is not None},
         q,
         k,
         v,
         out,
         lse,
-        cu_q,
-        cu_kv,
-        cu_q if cup_q is None else cup_q,
-        cu_kv if cup_kv is None else cup_kv,
+        q if sinks is None else sinks,
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_kv,
+        layout.slots_q,
+        layout.slots_kv,
         num_rows,
+        k.shape[0],
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -150,11 +231,8 @@ def forward(
         out.stride(0),
         out.stride(1),
         lse.stride(0),
-        scale,
-        _seq_bucket(max_seqlen_q),
-        IS_CAUSAL=causal,
-        ACCUMULATE=accumulate is not None,
-        **_head_meta(q, k, v),
+        *_variant_args(options),
+        _seq_bucket(layout.max_seqlen_q),
     )
     return out, lse
 
@@ -166,33 +244,39 @@ def backward(
     v: Tensor,
     out: Tensor,
     lse: Tensor,
-    cu_q: Tensor,
-    cu_kv: Tensor,
-    cup_q: Tensor | None,
-    cup_kv: Tensor | None,
-    max_seqlen_q: int,
-    max_seqlen_kv: int,
-    causal: bool,
-    scale: float,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Preprocess, dK/dV and dQ launches: ``(dq, dk, dv)``, padding rows written as 0."""
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Preprocess, dK/dV (and dQ by atomics) launches: ``(dq, dk, dv, dsinks)``, padding rows 0.
+
+    ``options.deterministic`` adds dQ from its own kernel instead of fp32 atomics.
+    """
     do, q, k, v, out = (_rows_major(t) for t in (do, q, k, v, out))
     lse = lse.contiguous()
-    num_heads, num_kv_heads, num_seqs = q.shape[1], k.shape[1], cu_q.shape[0] - 1
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    cup_q_ = cu_q if cup_q is None else cup_q
-    cup_kv_ = cu_kv if cup_kv is None else cup_kv
-    meta = _head_meta(q, k, v)
+    num_heads, num_kv_heads, num_seqs = q.shape[1], k.shape[1], layout.num_seqs
+    max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
+    assert max_q is not None and max_kv is not None
+    atomic = not options.deterministic
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else q.new_empty(q.shape)
+    dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+    meta = _meta(q, k, v, options)
     delta = torch.empty_like(lse)
-    bucket = _seq_bucket(max(max_seqlen_q, max_seqlen_kv))
-    if num_seqs > 0 and max_seqlen_q > 0 and q.shape[0] > 0:
-        pre_block = 64
-        kernels._attention_bwd_preprocess_kernel[(triton.cdiv(max_seqlen_q, pre_block), num_heads, num_seqs)](
+    dsink_rows = torch.zeros_like(lse) if sinks is not None else None
+    variant = _variant_args(options)
+    bucket = _seq_bucket(max(max_q, max_kv))
+    if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
+        block = 64
+        kernels._attention_bwd_preprocess_kernel[(triton.cdiv(max_q, block), num_heads, num_seqs)](
             out,
             do,
             delta,
-            cu_q,
-            cup_q_,
+            lse,
+            q if sinks is None else sinks,
+            delta if dsink_rows is None else dsink_rows,
+            layout.cu_seqlens_q,
+            layout.slots_q,
+            q.shape[0],
             out.stride(0),
             out.stride(1),
             do.stride(0),
@@ -200,9 +284,16 @@ def backward(
             delta.stride(0),
             HEAD_DIM_V=v.shape[2],
             BLOCK_DV=meta["BLOCK_DV"],
-            BLOCK_M=pre_block,
+            HAS_SINKS=sinks is not None,
+            BLOCK_M=block,
         )
-    strides_in = (
+    common = (
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_kv,
+        layout.slots_q,
+        layout.slots_kv,
+        q.shape[0],
+        k.shape[0],
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -213,8 +304,12 @@ def backward(
         do.stride(1),
     )
     if k.shape[0] > 0:
-        grid_kv = lambda m: (max(1, triton.cdiv(max_seqlen_kv, m["BLOCK_N"])), num_kv_heads, num_seqs + 1)
-        _dkdv_kernel[grid_kv](
+        _launch(
+            "dkdv",
+            max_kv,
+            num_kv_heads,
+            num_seqs,
+            {**meta, "ATOMIC_DQ": atomic},
             q,
             k,
             v,
@@ -223,25 +318,27 @@ def backward(
             delta,
             dk,
             dv,
-            cu_q,
-            cu_kv,
-            cup_q_,
-            cup_kv_,
-            k.shape[0],
-            *strides_in,
+            dq,
+            *common,
             dk.stride(0),
             dk.stride(1),
             dv.stride(0),
             dv.stride(1),
+            dq.stride(0),
+            dq.stride(1),
             lse.stride(0),
-            scale,
+            *variant,
             bucket,
-            IS_CAUSAL=causal,
-            **meta,
         )
-    if q.shape[0] > 0:
-        grid_q = lambda m: (max(1, triton.cdiv(max_seqlen_q, m["BLOCK_M"])), num_heads, num_seqs + 1)
-        _dq_kernel[grid_q](
+    if atomic:
+        dq = dq.to(q.dtype)
+    elif q.shape[0] > 0:
+        _launch(
+            "dq",
+            max_q,
+            num_heads,
+            num_seqs,
+            meta,
             q,
             k,
             v,
@@ -249,18 +346,12 @@ def backward(
             lse,
             delta,
             dq,
-            cu_q,
-            cu_kv,
-            cup_q_,
-            cup_kv_,
-            q.shape[0],
-            *strides_in,
+            *common,
             dq.stride(0),
             dq.stride(1),
             lse.stride(0),
-            scale,
+            *variant,
             bucket,
-            IS_CAUSAL=causal,
-            **meta,
         )
-    return dq, dk, dv
+    dsinks = None if dsink_rows is None else dsink_rows.sum(1).to(sinks.dtype)  # type: ignore[union-attr]
+    return dq, dk, dv, dsinks

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from thd.errors import ThdValueError
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = ["attention", "attention_backward", "attention_forward", "sequence_spans"]
 
@@ -52,17 +53,42 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _sequence_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+def _visible(lq: int, lk: int, options: AttentionOptions, device: torch.device) -> Tensor | None:
+    """``[Lq, Lk]`` mask of the keys each query sees (None: all of them)."""
+    if not options.is_masked:
+        return None
+    rows = torch.arange(lq, device=device)[:, None] + (lk - lq)  # key position of each query
+    cols = torch.arange(lk, device=device)[None, :]
+    seen = torch.ones(lq, lk, dtype=torch.bool, device=device)
+    if options.window_left >= 0:
+        seen &= cols >= rows - options.window_left
+    if options.window_right >= 0:
+        seen &= cols <= rows + options.window_right
+    return seen
+
+
+def _scores(q: Tensor, k: Tensor, options: AttentionOptions, ct: torch.dtype) -> Tensor:
+    """``[H, Lq, Lk]`` scores, softcapped and masked (``-inf`` where a key is not seen)."""
+    scores = torch.einsum("qhd,khd->hqk", q.to(ct), k.to(ct)) * options.softmax_scale
+    if options.softcap > 0:
+        scores = options.softcap * torch.tanh(scores / options.softcap)
+    seen = _visible(q.shape[0], k.shape[0], options, q.device)
+    return scores if seen is None else scores.masked_fill(~seen, float("-inf"))
+
+
+def _sequence_attention(
+    q: Tensor, k: Tensor, v: Tensor, options: AttentionOptions, sinks: Tensor | None
+) -> tuple[Tensor, Tensor]:
     """One sequence: q [Lq, H, D], k [Lk, H, D], v [Lk, H, Dv] -> out, lse [H, Lq]."""
-    lq, lk = q.shape[0], k.shape[0]
     ct = _compute_dtype(q)
-    scores = torch.einsum("qhd,khd->hqk", q.to(ct), k.to(ct)) * scale
-    if causal:
-        rows = torch.arange(lq, device=q.device)[:, None]
-        cols = torch.arange(lk, device=q.device)[None, :]
-        scores = scores.masked_fill(cols > rows + (lk - lq), float("-inf"))
+    scores = _scores(q, k, options, ct)
+    if sinks is not None:  # one more logit per row, with no value row
+        sink_col = sinks.to(ct)[:, None, None].expand(-1, q.shape[0], 1)
+        scores = torch.cat([scores, sink_col], dim=-1)
     lse = torch.logsumexp(scores, dim=-1)  # [H, Lq]; -inf where no key is visible, NaN stays NaN
     probs = torch.where(_sees_a_key(lse)[..., None], torch.exp(scores - lse[..., None]), 0.0)
+    if sinks is not None:
+        probs = probs[..., :-1]
     out = torch.einsum("hqk,khd->qhd", probs, v.to(ct))
     return out, lse
 
@@ -89,10 +115,13 @@ def attention(
     max_seqlen_kv: int | None = None,
     causal: bool = False,
     softmax_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: Tensor | None = None,
     return_lse: bool = False,
     deterministic: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Reference varlen attention, differentiable through autograd.
+    """Reference varlen attention, differentiable through autograd (``sinks`` included).
 
     Same contract as :func:`thd.attention`: ``out [Tq, Hq, Dv]`` in ``q.dtype`` and, with
     ``return_lse``, ``lse [Hq, Tq]`` in float32 (float64 for float64 inputs). Computes in
@@ -102,6 +131,7 @@ def attention(
     del max_seqlen_q, max_seqlen_kv, deterministic
     num_heads = q.shape[1]
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    options = AttentionOptions(float(scale), causal, tuple(window_size), float(softcap))  # type: ignore[arg-type]
     ct = _compute_dtype(q)
     # A zero-valued anchor tied to q, k, v through empty slices (no element is read, so NaN in
     # padding rows cannot leak): backward then works, with zero gradients, even when the
@@ -116,7 +146,7 @@ def attention(
         qs = q[q0 : q0 + lq]
         ks = _expand_kv(k[k0 : k0 + lk], num_heads)
         vs = _expand_kv(v[k0 : k0 + lk], num_heads)
-        o_b, lse_b = _sequence_attention(qs, ks, vs, causal, scale)
+        o_b, lse_b = _sequence_attention(qs, ks, vs, options, sinks)
         rows = torch.arange(q0, q0 + lq, device=q.device)
         out = out.index_copy(0, rows, o_b)
         lse = lse.index_copy(1, rows, lse_b)
@@ -130,24 +160,24 @@ def attention_forward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_kv: Tensor,
-    cu_seqlens_q_padded: Tensor | None,
-    cu_seqlens_kv_padded: Tensor | None,
-    causal: bool,
-    softmax_scale: float,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Forward without autograd: returns ``(out, lse)``."""
     out, lse = attention(
         q,
         k,
         v,
-        cu_seqlens_q,
-        cu_seqlens_kv,
-        cu_seqlens_q_padded=cu_seqlens_q_padded,
-        cu_seqlens_kv_padded=cu_seqlens_kv_padded,
-        causal=causal,
-        softmax_scale=softmax_scale,
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_kv,
+        cu_seqlens_q_padded=layout.cu_seqlens_q_padded,
+        cu_seqlens_kv_padded=layout.cu_seqlens_kv_padded,
+        causal=options.causal,
+        softmax_scale=options.softmax_scale,
+        window_size=options.window_size,
+        softcap=options.softcap,
+        sinks=sinks,
         return_lse=True,
     )
     return out, lse
@@ -161,44 +191,56 @@ def attention_backward(
     v: Tensor,
     out: Tensor,
     lse: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_kv: Tensor,
-    cu_seqlens_q_padded: Tensor | None,
-    cu_seqlens_kv_padded: Tensor | None,
-    causal: bool,
-    softmax_scale: float,
-) -> tuple[Tensor, Tensor, Tensor]:
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Flash-style backward from saved ``out`` and ``lse`` (which may come from a merge).
 
     ``P = exp(S - lse)``, ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * out))``,
-    ``dQ = scale * dS K``, ``dK = scale * dS^T Q``. Rows with ``lse = -inf`` contribute
-    nothing; NaN (in ``lse`` or the real rows) propagates. Returns ``dq, dk, dv`` in the input
-    dtypes, exact zeros on padding rows.
+    ``dQ = dS' K``, ``dK = dS'^T Q`` with ``dS' = scale * dS`` (times ``1 - tanh^2`` under a
+    softcap); ``dsinks[h] = -sum_i exp(sinks[h] - lse_i) * rowsum(dO * out)_i``. Rows with
+    ``lse = -inf`` contribute nothing; NaN (in ``lse`` or the real rows) propagates. Returns
+    ``dq, dk, dv`` in the input dtypes, exact zeros on padding rows, and ``dsinks`` (or None).
     """
+    cu_seqlens_q, cu_seqlens_kv = layout.cu_seqlens_q, layout.cu_seqlens_kv
+    cu_seqlens_q_padded, cu_seqlens_kv_padded = layout.cu_seqlens_q_padded, layout.cu_seqlens_kv_padded
+    softmax_scale = options.softmax_scale
     num_heads, group = q.shape[1], q.shape[1] // k.shape[1]
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+    dsinks = None if sinks is None else torch.zeros(num_heads, dtype=torch.float32, device=q.device)
     q_spans, kv_spans = _spans(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     for (q0, lq), (k0, lk) in zip(q_spans, kv_spans, strict=True):
-        if lq == 0 or lk == 0:
+        if lq == 0:
             continue
         qs, dos = q[q0 : q0 + lq].float(), do[q0 : q0 + lq].float()
+        lse_b = lse[:, q0 : q0 + lq].float()
+        delta = (dos * out[q0 : q0 + lq].float()).sum(-1).transpose(0, 1)  # [H, Lq]
+        if dsinks is not None:
+            p_sink = torch.where(_sees_a_key(lse_b), torch.exp(sinks.float()[:, None] - lse_b), 0.0)  # type: ignore[union-attr]
+            dsinks -= (p_sink * delta).sum(1)
+        if lk == 0:
+            continue
         ks = _expand_kv(k[k0 : k0 + lk], num_heads).float()
         vs = _expand_kv(v[k0 : k0 + lk], num_heads).float()
-        lse_b = lse[:, q0 : q0 + lq]
-        scores = torch.einsum("qhd,khd->hqk", qs, ks) * softmax_scale
-        if causal:
-            rows = torch.arange(lq, device=q.device)[:, None]
-            cols = torch.arange(lk, device=q.device)[None, :]
-            scores = scores.masked_fill(cols > rows + (lk - lq), float("-inf"))
+        raw = torch.einsum("qhd,khd->hqk", qs, ks) * softmax_scale
+        scores = raw
+        if options.softcap > 0:
+            scores = options.softcap * torch.tanh(raw / options.softcap)
+        seen = _visible(lq, lk, options, q.device)
+        if seen is not None:
+            scores = scores.masked_fill(~seen, float("-inf"))
         probs = torch.where(_sees_a_key(lse_b)[..., None], torch.exp(scores - lse_b[..., None]), 0.0)
-        delta = (dos * out[q0 : q0 + lq].float()).sum(-1).transpose(0, 1)  # [H, Lq]
         dp = torch.einsum("qhd,khd->hqk", dos, vs)
-        ds = probs * (dp - delta[..., None])
-        dq[q0 : q0 + lq] = torch.einsum("hqk,khd->qhd", ds, ks) * softmax_scale
-        dk_b = torch.einsum("hqk,qhd->khd", ds, qs) * softmax_scale
+        ds = probs * (dp - delta[..., None]) * softmax_scale
+        if options.softcap > 0:
+            ds = ds * (1 - torch.tanh(raw / options.softcap) ** 2)
+        dq[q0 : q0 + lq] = torch.einsum("hqk,khd->qhd", ds, ks)
+        dk_b = torch.einsum("hqk,qhd->khd", ds, qs)
         dv_b = torch.einsum("hqk,qhd->khd", probs, dos)
         dk[k0 : k0 + lk] += dk_b.unflatten(1, (-1, group)).sum(2)
         dv[k0 : k0 + lk] += dv_b.unflatten(1, (-1, group)).sum(2)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dsinks_out = None if dsinks is None else dsinks.to(sinks.dtype)  # type: ignore[union-attr]
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks_out

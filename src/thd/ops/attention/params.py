@@ -1,0 +1,79 @@
+"""The two typed objects every attention layer passes along: where the rows are, and what to compute."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from torch import Tensor
+
+__all__ = ["AttentionOptions", "VarlenLayout"]
+
+
+@dataclass(frozen=True)
+class VarlenLayout:
+    """Packed sequences of a THD batch, for queries and for keys/values.
+
+    Sequence ``b`` has ``cu_seqlens_q[b+1] - cu_seqlens_q[b]`` real query rows starting at row
+    ``cu_seqlens_q_padded[b]`` (``None``: slots are the sequences, no padding between them);
+    likewise for keys and values. ``max_seqlen_*`` bound the real lengths (``None``: derive them
+    with one device-to-host read).
+    """
+
+    cu_seqlens_q: Tensor
+    cu_seqlens_kv: Tensor
+    cu_seqlens_q_padded: Tensor | None = None
+    cu_seqlens_kv_padded: Tensor | None = None
+    max_seqlen_q: int | None = None
+    max_seqlen_kv: int | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_seqlens_q.shape[0] - 1
+
+    @property
+    def slots_q(self) -> Tensor:
+        """Slot offsets of the queries (``cu_seqlens_q`` when there is no padding)."""
+        return self.cu_seqlens_q if self.cu_seqlens_q_padded is None else self.cu_seqlens_q_padded
+
+    @property
+    def slots_kv(self) -> Tensor:
+        return self.cu_seqlens_kv if self.cu_seqlens_kv_padded is None else self.cu_seqlens_kv_padded
+
+    def with_max_seqlens(self, max_seqlen_q: int, max_seqlen_kv: int) -> VarlenLayout:
+        return replace(self, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """The four offset tensors, in the order of the custom ops' schema."""
+        return self.cu_seqlens_q, self.cu_seqlens_kv, self.cu_seqlens_q_padded, self.cu_seqlens_kv_padded
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What to compute, besides the inputs.
+
+    ``window_size = (left, right)``: query ``i`` (at key position ``i + Lk - Lq``) sees keys
+    ``[i' - left, i' + right]``; ``-1`` leaves a side unbounded. ``causal`` bounds the right
+    side at 0. ``softcap > 0`` maps scores ``s`` to ``softcap * tanh(s / softcap)``.
+    ``deterministic`` selects the backward without atomics (bitwise reproducible).
+    """
+
+    softmax_scale: float
+    causal: bool = False
+    window_size: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    deterministic: bool = False
+
+    @property
+    def window_left(self) -> int:
+        """Keys visible to the left of the diagonal; ``-1`` is unbounded."""
+        return self.window_size[0]
+
+    @property
+    def window_right(self) -> int:
+        """Keys visible to the right of the diagonal (0 when causal); ``-1`` is unbounded."""
+        return 0 if self.causal else self.window_size[1]
+
+    @property
+    def is_masked(self) -> bool:
+        """Whether any key of a sequence may be hidden from a query of it."""
+        return self.window_left >= 0 or self.window_right >= 0

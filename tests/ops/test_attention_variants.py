@@ -1,0 +1,180 @@
+"""Sliding windows, softcap, sinks, any head dim and both backward modes against the reference.
+
+The oracle is :func:`thd.ops.attention.reference.attention` differentiated by autograd (fp32,
+per sequence, dense masks): independent of the kernels' tile ranges and of their flash-style
+backward. Layouts are padded, with NaN-poisoned padding rows; outputs and gradients must be
+exact zeros there. CPU runs the Triton kernels through the interpreter; the ``gpu`` cases run
+the tiles users get (``launch.TILES``) at realistic sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+import thd
+from tests._helpers import Layout, assert_close, make_layout, make_qkv, poisoned_allocations, tolerance
+from thd.errors import ThdTypeError, ThdValueError
+from thd.ops.attention import reference
+
+_OUT = ("out", "lse")
+_GRADS = ("dq", "dk", "dv", "dsinks")
+
+
+def _run(fn: Any, q: Tensor, k: Tensor, v: Tensor, do: Tensor, sinks: Tensor | None, kwargs: dict) -> dict:
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    sink_leaf = None if sinks is None else sinks.detach().clone().requires_grad_()
+    out, lse = fn(*leaves, sinks=sink_leaf, return_lse=True, **kwargs)
+    out.backward(do)
+    grads = [t.grad for t in leaves] + [None if sink_leaf is None else sink_leaf.grad]
+    return dict(zip(_OUT + _GRADS, [out, lse, *grads], strict=True))
+
+
+def _compare(layout: Layout, heads: tuple[int, int], dims: tuple[int, int], dtype: torch.dtype, device: str,
+             sinks: bool, **options: Any) -> None:  # fmt: skip
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v, do = make_qkv(layout, *heads, *dims, dtype, device, generator=gen)
+    sink = torch.randn(heads[0], generator=gen, device=device) if sinks else None
+    kwargs = {**layout.kwargs(device), **options}
+    with poisoned_allocations():
+        got = _run(thd.attention, q, k, v, do, sink, kwargs)
+    want = _run(reference.attention, q.float(), k.float(), v.float(), do.float(), sink, kwargs)
+    real_q, real_kv = layout.real_rows("q", device), layout.real_rows("kv", device)
+    for name in _OUT + _GRADS:
+        if got[name] is None:
+            assert want[name] is None or not sinks
+            continue
+        kind = "out" if name in _OUT else "grad"
+        tol = tolerance(torch.float32 if name == "lse" else dtype, kind)
+        a, b = got[name].float(), want[name].float()
+        if name == "lse":
+            a, b = a[:, real_q], b[:, real_q]
+        elif name in ("out", "dq"):
+            a, b = a[real_q], b[real_q]
+        elif name in ("dk", "dv"):
+            a, b = a[real_kv], b[real_kv]
+        assert_close(a, b, name, **tol)
+    assert bool((got["out"][~real_q] == 0).all()) and bool((got["dq"][~real_q] == 0).all())
+    assert bool((got["dk"][~real_kv] == 0).all()) and bool((got["dv"][~real_kv] == 0).all())
+    assert bool((got["lse"][:, ~real_q] == float("-inf")).all())
+
+
+_CPU_LAYOUT = make_layout("mixed", [37, 1, 70, 0], [37, 1, 70, 0], pad_q=[3, 0, 5, 2], capacity_q=2)
+_CPU_CROSS = make_layout("cross", [20, 45], [50, 33], pad_q=[1, 2], pad_kv=[3, 0])
+
+CPU_CASES = [
+    pytest.param({"causal": True, "window_size": (16, 0)}, False, id="window-left-causal"),
+    pytest.param({"window_size": (9, 4)}, False, id="window-both"),
+    pytest.param({"window_size": (-1, 6)}, False, id="window-right-only"),
+    pytest.param({"window_size": (0, 0)}, False, id="window-diagonal"),
+    pytest.param({"causal": True, "softcap": 1.5}, False, id="softcap"),
+    pytest.param({"causal": True}, True, id="sinks"),
+    pytest.param({"causal": True, "window_size": (12, 0), "softcap": 2.0}, True, id="all-three"),
+    pytest.param({"causal": True, "deterministic": True, "softcap": 3.0}, True, id="deterministic"),
+]
+
+
+@pytest.mark.parametrize(("options", "sinks"), CPU_CASES)
+@pytest.mark.parametrize("layout", [_CPU_LAYOUT, _CPU_CROSS], ids=lambda lay: lay.name)
+def test_variants_match_reference_cpu(layout: Layout, options: dict, sinks: bool) -> None:
+    _compare(layout, (4, 2), (32, 32), torch.float32, "cpu", sinks, **options)
+
+
+@pytest.mark.parametrize("dims", [(8, 8), (40, 24), (72, 136)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
+def test_any_head_dim_cpu(dims: tuple[int, int]) -> None:
+    _compare(_CPU_LAYOUT, (2, 1), dims, torch.float32, "cpu", False, causal=True)
+
+
+def test_backward_modes_agree_and_deterministic_is_bitwise_stable() -> None:
+    layout = _CPU_LAYOUT
+    q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32)
+    kwargs = {**layout.kwargs(), "causal": True}
+    det = [_run(thd.attention, q, k, v, do, None, {**kwargs, "deterministic": True}) for _ in range(2)]
+    atomic = _run(thd.attention, q, k, v, do, None, kwargs)
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(det[0][name], det[1][name]), name
+        assert_close(atomic[name], det[0][name], name, **tolerance(torch.float32, "grad"))
+
+
+def test_use_deterministic_algorithms_selects_the_deterministic_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from thd.ops.attention import launch
+
+    seen: list[bool] = []
+    real = launch.backward
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(args[7].deterministic)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "backward", spy)
+    layout = _CPU_LAYOUT
+    q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32)
+    kwargs = {**layout.kwargs(), "causal": True}
+    _run(thd.attention, q, k, v, do, None, kwargs)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        _run(thd.attention, q, k, v, do, None, kwargs)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert seen == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        ({"softcap": -1.0}, ThdValueError, "softcap"),
+        ({"softcap": float("nan")}, ThdValueError, "softcap"),
+        ({"window_size": (-2, 0)}, ThdValueError, "window_size left"),
+        ({"window_size": (4,)}, ThdTypeError, "window_size"),
+        ({"window_size": (4, 2), "causal": True}, ThdValueError, "causal"),
+        ({"sinks": torch.zeros(3)}, ThdValueError, "sinks shape"),
+        ({"sinks": torch.zeros(2, dtype=torch.int32)}, ThdTypeError, "sinks dtype"),
+        ({"sinks": torch.zeros(2, device="meta")}, ThdValueError, "sinks device"),
+        ({"max_seqlen_q": -5}, ThdValueError, "max_seqlen_q"),
+        ({"max_seqlen_q": 3.7}, ThdTypeError, "max_seqlen_q"),
+        ({"softmax_scale": "x"}, ThdTypeError, "softmax_scale"),
+    ],
+    ids=lambda x: str(x)[:40] if isinstance(x, str) else None,
+)
+def test_rejects_bad_variant_arguments(change: dict, error: type[Exception], match: str) -> None:
+    layout = make_layout("small", [3, 5])
+    q, k, v, _ = make_qkv(layout, 2, 1, 32, 32, torch.float32, poison=None)
+    with pytest.raises(error, match=match):
+        thd.attention(q, k, v, **{**layout.kwargs(), **change})
+
+
+# ----------------------------------------------------------------------------- GPU, realistic sizes
+
+_GPU_LAYOUT = make_layout("docs", [1000, 64, 3000, 1, 517], pad_q=[24, 0, 8, 127, 11], capacity_q=5)
+GPU_CASES = [
+    pytest.param({"causal": True}, False, id="causal"),
+    pytest.param({"causal": True, "deterministic": True}, False, id="causal-det"),
+    pytest.param({"causal": True, "window_size": (256, 0)}, False, id="window"),
+    pytest.param({"window_size": (100, 300)}, False, id="window-both"),
+    pytest.param({"causal": True, "softcap": 30.0}, False, id="softcap"),
+    pytest.param({"causal": True}, True, id="sinks"),
+    pytest.param({"causal": True, "window_size": (128, 0), "softcap": 20.0}, True, id="all-three"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("options", "sinks"), GPU_CASES)
+@pytest.mark.parametrize("dims", [(128, 128), (64, 64), (256, 256)], ids=lambda d: f"D{d[0]}")
+def test_variants_match_reference_gpu(
+    dims: tuple[int, int], options: dict, sinks: bool, dtype: torch.dtype
+) -> None:
+    _compare(_GPU_LAYOUT, (8, 2), dims, dtype, "cuda", sinks, **options)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(8, 8), (40, 72), (96, 96), (136, 120), (192, 128), (248, 256)],
+                         ids=lambda d: f"D{d[0]}-Dv{d[1]}")  # fmt: skip
+def test_any_head_dim_gpu(dims: tuple[int, int]) -> None:
+    _compare(_GPU_LAYOUT, (4, 2), dims, torch.bfloat16, "cuda", False, causal=True)
