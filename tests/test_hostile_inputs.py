@@ -423,3 +423,19 @@ def test_ring_plan_op_does_not_load_the_ring() -> None:
 def test_modules_import_standalone(module: str) -> None:
     done = _python(f"import {module}")
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("entry", ["attention_forward", "attention_backward"])
+def test_low_level_entry_points_reject_int64_offsets(entry: str) -> None:
+    """The exported low-level entry points check the layout tensors like ``thd.attention``."""
+    from thd.ops import attention as ops
+    from thd.ops.attention.params import AttentionOptions, VarlenLayout
+
+    cu64 = torch.tensor([0, 3, 8])
+    layout = VarlenLayout(cu64, cu64.clone(), max_seqlen_q=5, max_seqlen_kv=5)
+    q = k = v = torch.randn(8, 2, 32)
+    args: tuple[Any, ...] = (q, k, v, layout, AttentionOptions(softmax_scale=0.2))
+    if entry == "attention_backward":
+        args = (torch.randn(8, 2, 32), q, k, v, torch.randn(8, 2, 32), torch.zeros(2, 8), *args[3:])
+    with pytest.raises(ThdTypeError, match=rf"{entry}: cu_seqlens_q dtype: expected torch\.int32"):
+        getattr(ops, entry)(*args)
