@@ -1,11 +1,18 @@
-"""Context-parallel ring attention efficiency on several GPUs (issue 5: cp=2 on two H200s).
+"""Context-parallel ring attention on several GPUs: efficiency per transport and host time per call.
 
-For each per-GPU token count and document mix, every rank times (CUDA events, fixed iteration
+Issue 12: with the process group users create by default, ``dist.init_process_group("nccl")``,
+how much of the single-GPU throughput does the ring keep, with the transport the library picks
+itself (``THD_CP_TRANSPORT=auto``) and with each transport forced (``nccl``: the group as given,
+``nccl-high-priority``: a derived high-priority communicator, ``symm-mem``: copy-engine pulls)?
+
+For each per-GPU token count and K/V head count, every rank times (CUDA events, fixed iteration
 counts so that the ranks stay in lockstep, max over ranks):
 
 - ``single``: ``thd.attention`` on one GPU with ``tokens`` packed causal documents;
-- ``ring``: ``thd.cp.ring_attention`` at ``cp`` ranks on ``cp * tokens`` documents of the same mix;
-- ``ring_no_overlap``: the same ring with each exchange waited on before the step's compute.
+- ``ring[<transport>]``: ``thd.cp.ring_attention`` at ``cp`` ranks on ``cp * tokens`` documents of
+  the same mix, with ``THD_CP_TRANSPORT=<transport>`` (the record names the transport it
+  resolved to and why);
+- ``ring_no_overlap[auto]`` (``--no-overlap``): each exchange waited on before the step's compute.
 
 FLOPs count real tokens only (``4 * H * D * sum(L^2) / 2`` causal forward, backward 2.5x). The
 ring's per-GPU TFLOP/s is ``flops(global batch) / (time * cp)``; its CP efficiency is that
@@ -13,21 +20,31 @@ divided by the single-GPU TFLOP/s. Layouts: ``padded`` (arbitrary lengths, slots
 ``2 * cp``: the exact per-rank-count path) and ``aligned`` (lengths themselves multiples of
 ``2 * cp``: the ``cu // cp`` fast path).
 
-Launch with torchrun (``torchrun --standalone --nproc-per-node=2 benchmarks/bench_ring.py --out
-f.json``) or plainly (``python benchmarks/bench_ring.py --out f.json``), which starts ``--cp``
-ranks itself with ``torch.multiprocessing`` (mp.spawn). Rank 0 writes the JSON.
+Host time: a tiny problem (a few hundred tokens, so the GPU is never the bottleneck) called
+``--host-calls`` times back to back; ``host_us`` is the host wall clock per call until the last
+call is queued, ``wall_us`` until the GPU has finished them (max over ranks).
+
+The group is created the way users do (``--group default``: plain ``init_process_group("nccl")``,
+no options); ``--group bound`` adds ``device_id`` (the library then derives by ``split_group``)
+and ``--group high-priority`` creates it with high-priority streams itself (the old benchmark's
+setup). ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` are set for the ranks.
+
+Launch plainly (``python benchmarks/bench_ring.py --out f.json``: starts ``--cp`` ranks itself
+with ``torch.multiprocessing``, mp.spawn) or with torchrun. Rank 0 writes one JSON with the
+command, the commit (``--commit``, else git), GPU, versions, transports, records and summaries.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
+import shlex
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -39,7 +56,17 @@ from torch import Tensor
 MIXES: dict[str, tuple[int, int]] = {"1024-8192": (1024, 8192), "4096-32768": (4096, 32768)}
 LAYOUTS = ("padded", "aligned")
 MODES = ("fwd", "fwd_bwd")
-GOALS = {"fwd": 0.85, "fwd_bwd": 0.8}
+TRANSPORTS = ("auto", "nccl", "nccl-high-priority", "symm-mem")
+GROUPS = ("default", "bound", "high-priority")
+RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+HOST_GOAL_US = {"fwd": 300.0}
+
+
+def goal(mode: str, heads: int, kv_heads: int) -> float | None:
+    """Issue 12: MHA forward 0.85, forward+backward 0.9; GQA forward+backward 0.95."""
+    if kv_heads == heads:
+        return {"fwd": 0.85, "fwd_bwd": 0.9}[mode]
+    return 0.95 if mode == "fwd_bwd" else None
 
 
 def document_lengths(total: int, lo: int, hi: int, seed: int) -> list[int]:
@@ -62,6 +89,17 @@ def _cumsum(values: Sequence[int], device: torch.device) -> Tensor:
     return torch.tensor(out, dtype=torch.int32, device=device)
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rank_max(values: Sequence[float], device: torch.device, op: Any = None) -> list[float]:
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op or dist.ReduceOp.MAX)
+    return [float(x) for x in t.tolist()]
+
+
 def _time_ms(fn: Callable[[], object], warmup: int, iters: int, device: torch.device) -> dict[str, float]:
     """Mean ms per call over ``iters`` calls after ``warmup``, max over ranks (all ranks call it).
 
@@ -69,8 +107,7 @@ def _time_ms(fn: Callable[[], object], warmup: int, iters: int, device: torch.de
     """
     for _ in range(warmup):
         fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(device)
     dist.barrier()
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -85,11 +122,26 @@ def _time_ms(fn: Callable[[], object], warmup: int, iters: int, device: torch.de
         for _ in range(iters):
             fn()
         elapsed = (time.perf_counter() - t0) * 1e3
-    ms = torch.tensor([elapsed / iters], device=device)
-    lo = ms.clone()
-    dist.all_reduce(ms, op=dist.ReduceOp.MAX)
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    return {"median_ms": float(ms.item()), "min_rank_ms": float(lo.item())}
+    hi = _rank_max([elapsed / iters], device)[0]
+    lo = _rank_max([elapsed / iters], device, dist.ReduceOp.MIN)[0]
+    return {"median_ms": hi, "min_rank_ms": lo}
+
+
+def _host_us(fn: Callable[[], object], warmup: int, calls: int, device: torch.device) -> dict[str, float]:
+    """Host wall clock per call while queuing ``calls`` calls, and until the GPU is done (max over ranks)."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    dist.barrier()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    _sync(device)
+    t2 = time.perf_counter()
+    host, wall = _rank_max([(t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6], device)
+    return {"host_us": host, "wall_us": wall}
 
 
 def _randn(rows: int, heads: int, dim: int, seed: int, device: torch.device) -> Tensor:
@@ -102,11 +154,13 @@ def _callables(
     attn: Callable[[Tensor, Tensor, Tensor], Tensor],
     rows: int,
     heads: int,
+    kv_heads: int,
     dim: int,
     seed: int,
     device: torch.device,
 ) -> dict[str, Callable[[], object]]:
-    q, k, v, do = (_randn(rows, heads, dim, seed + i, device) for i in range(4))
+    q, do = _randn(rows, heads, dim, seed, device), _randn(rows, heads, dim, seed + 3, device)
+    k, v = (_randn(rows, kv_heads, dim, seed + i, device) for i in (1, 2))
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
 
     def fwd() -> object:
@@ -119,26 +173,55 @@ def _callables(
     return {"fwd": fwd, "fwd_bwd": fwd_bwd}
 
 
+class _Transport:
+    """``THD_CP_TRANSPORT`` set for a block (the same on every rank), and what it resolved to."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> _Transport:
+        self.before = os.environ.get("THD_CP_TRANSPORT")
+        os.environ["THD_CP_TRANSPORT"] = self.name
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.before is None:
+            os.environ.pop("THD_CP_TRANSPORT", None)
+        else:
+            os.environ["THD_CP_TRANSPORT"] = self.before
+
+    @staticmethod
+    def resolved(like: Tensor) -> dict[str, str]:
+        from thd.cp.transport import ring_comm
+
+        comm = ring_comm(dist.group.WORLD, like)  # cached by the ring call just made
+        return {"transport": comm.transport, "reason": comm.reason}
+
+
 def _measure(
     provider: str,
     calls: dict[str, Callable[[], object]],
     flops: Callable[[str], float],
     shape: dict[str, Any],
     args: argparse.Namespace,
+    extra: Callable[[], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     records = []
     for mode in args.modes:
         try:
             timing = _time_ms(calls[mode], args.warmup, args.iters, torch.device(args.device_now))
+            more = extra() if extra is not None else {}
             records.append(make_record(op="ring_attention", provider=provider, mode=mode, shape=shape,
-                                       flops=flops(mode), timing=timing))  # fmt: skip
+                                       flops=flops(mode), timing=timing, **more))  # fmt: skip
         except Exception as exc:  # recorded, never raised: the other providers still run
             records.append(make_record(op="ring_attention", provider=provider, mode=mode, shape=shape,
                                        status="error", error=error_text(exc)))  # fmt: skip
     return records
 
 
-def run_shape(tokens: int, mix: str, layout: str, cp: int, rank: int, args: argparse.Namespace) -> list[dict]:
+def run_shape(
+    tokens: int, kv_heads: int, mix: str, layout: str, cp: int, rank: int, args: argparse.Namespace
+) -> list[dict]:
     import thd
     from thd.cp import ring_attention
 
@@ -152,12 +235,12 @@ def run_shape(tokens: int, mix: str, layout: str, cp: int, rank: int, args: argp
     single = lambda q, k, v: thd.attention(
         q, k, v, cu1, cu1, max_seqlen_q=max1, max_seqlen_kv=max1, causal=True
     )
-    shape = {"tokens_per_gpu": tokens, "cp": cp, "heads": heads, "head_dim": dim, "mix": mix,
-             "layout": layout, "dtype": "bfloat16" if device.type == "cuda" else "float32",
+    shape = {"tokens_per_gpu": tokens, "cp": cp, "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
+             "mix": mix, "layout": layout, "dtype": "bfloat16" if device.type == "cuda" else "float32",
              "causal": True}  # fmt: skip
     records = _measure(
         "single",
-        _callables(single, tokens, heads, dim, 1, device),
+        _callables(single, tokens, heads, kv_heads, dim, 1, device),
         lambda mode: attention_flops(local, local, heads, dim, causal=True, mode=mode),
         {**shape, "docs": len(local), "max_doclen": max1},
         args,
@@ -172,76 +255,162 @@ def run_shape(tokens: int, mix: str, layout: str, cp: int, rank: int, args: argp
     rows = sum(slots)
     ring_shape = {**shape, "docs": len(lens), "max_doclen": longest, "global_rows": rows, "padding": pad}
     global_flops = lambda mode: attention_flops(lens, lens, heads, dim, causal=True, mode=mode)
-    for provider, overlap in (("ring", True), ("ring_no_overlap", False)):
+    runs = [(f"ring[{t}]", t, True) for t in args.transports]
+    if args.no_overlap:
+        runs.append(("ring_no_overlap[auto]", "auto", False))
+    for provider, transport, overlap in runs:
         ring = lambda q, k, v, overlap=overlap: ring_attention(
             q, k, v, cu, cu, cup, cup, causal=True, pad_between_seqs=pad,
             max_seqlen_q=longest, max_seqlen_kv=longest, _overlap=overlap,
         )  # fmt: skip
-        calls = _callables(ring, rows // cp, heads, dim, 10 + rank, device)
-        recs = _measure(provider, calls, lambda mode: global_flops(mode) / cp, ring_shape, args)
+        calls = _callables(ring, rows // cp, heads, kv_heads, dim, 10 + rank, device)
+        probe = torch.empty(0, device=device)
+        with _Transport(transport):
+            extra = lambda t=transport, p=probe: {"requested": t, **_Transport.resolved(p)}
+            recs = _measure(provider, calls, lambda mode: global_flops(mode) / cp, ring_shape, args, extra)
         records.extend(recs)
     return records
 
 
+def host_times(cp: int, rank: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Host time per call on a tiny problem: single-GPU ``thd.attention`` and the ring per transport."""
+    import thd
+    from thd.cp import ring_attention
+
+    device = torch.device(args.device_now)
+    heads, dim, m = args.heads, args.head_dim, 2 * cp
+    lens = [300, 97, 11 * m]  # padded slots: the exact per-rank-count path
+    slots = [_round_up(n, m) for n in lens]
+    cu, cup = _cumsum(lens, device), _cumsum(slots, device)
+    rows, longest = sum(slots), max(lens)
+    local = document_lengths(rows // cp, 64, 256, args.seed)
+    cu1 = _cumsum(local, device)
+    single = lambda q, k, v: thd.attention(
+        q, k, v, cu1, cu1, max_seqlen_q=max(local), max_seqlen_kv=max(local), causal=True
+    )
+    ring = lambda q, k, v: ring_attention(
+        q, k, v, cu, cu, cup, cup, causal=True, pad_between_seqs=True, max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+    )  # fmt: skip
+    out = []
+    runs = [("single", None, single, sum(local))] + [
+        (f"ring[{t}]", t, ring, rows // cp) for t in args.transports
+    ]
+    for provider, transport, attn, n in runs:
+        calls = _callables(attn, n, heads, heads, dim, 20 + rank, device)
+        for mode in args.modes:
+            row: dict[str, Any] = {
+                "provider": provider,
+                "mode": mode,
+                "tokens_per_gpu": n,
+                "calls": args.host_calls,
+            }
+            try:
+                if transport is None:
+                    row.update(_host_us(calls[mode], 5, args.host_calls, device))
+                else:
+                    with _Transport(transport):
+                        row.update(_host_us(calls[mode], 5, args.host_calls, device))
+                        row.update(requested=transport, **_Transport.resolved(torch.empty(0, device=device)))
+                if mode in HOST_GOAL_US and provider != "single":
+                    row["goal_us"] = HOST_GOAL_US[mode]
+                    row["meets_goal"] = row["host_us"] <= HOST_GOAL_US[mode]
+            except Exception as exc:
+                row.update(status="error", error=error_text(exc))
+            out.append(row)
+    return out
+
+
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """CP efficiency per (tokens, mix, layout, provider, mode): ring TFLOP/s per GPU / single."""
-    single = {
-        (r["shape"]["tokens_per_gpu"], r["shape"]["mix"], r["shape"]["layout"], r["mode"]): r.get("tflops")
-        for r in records
-        if r["provider"] == "single"
-    }
+    """CP efficiency per (tokens, kv heads, mix, layout, provider, mode): ring TFLOP/s per GPU / single."""
+
+    def key(r: dict[str, Any]) -> tuple:
+        s = r["shape"]
+        return s["tokens_per_gpu"], s["kv_heads"], s["mix"], s["layout"], r["mode"]
+
+    single = {key(r): r.get("tflops") for r in records if r["provider"] == "single"}
     out = []
     for r in records:
         if r["provider"] == "single" or "tflops" not in r:
             continue
         s = r["shape"]
-        base = single.get((s["tokens_per_gpu"], s["mix"], s["layout"], r["mode"]))
+        base = single.get(key(r))
         eff = r["tflops"] / base if base else None
+        target = goal(r["mode"], s["heads"], s["kv_heads"])
         out.append({
-            "tokens_per_gpu": s["tokens_per_gpu"], "mix": s["mix"], "layout": s["layout"], "cp": s["cp"],
-            "provider": r["provider"], "mode": r["mode"], "ring_tflops_per_gpu": r["tflops"],
-            "single_tflops": base, "cp_efficiency": eff, "goal": GOALS[r["mode"]],
-            "meets_goal": None if eff is None else eff >= GOALS[r["mode"]],
+            "tokens_per_gpu": s["tokens_per_gpu"], "heads": s["heads"], "kv_heads": s["kv_heads"],
+            "mix": s["mix"], "layout": s["layout"], "cp": s["cp"], "provider": r["provider"],
+            "transport": r.get("transport"), "mode": r["mode"], "ring_ms": r["median_ms"],
+            "ring_tflops_per_gpu": r["tflops"], "single_tflops": base, "cp_efficiency": eff, "goal": target,
+            "meets_goal": None if eff is None or target is None else eff >= target,
         })  # fmt: skip
     return out
 
 
+def _nccl_version() -> str:
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+class _LogLines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def worker(rank: int, world: int, args: argparse.Namespace, init_method: str | None) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    for name, value in RANK_ENV.items():
+        os.environ.setdefault(name, value)
+    logs = _LogLines()
+    logging.getLogger("thd.cp").addHandler(logs)
+    logging.getLogger("thd.cp").setLevel(logging.INFO)
+    if rank == 0:  # the transport choices on stderr (thd.cp logs at INFO, propagated here)
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+    init: dict[str, Any] = {"init_method": init_method or "env://", "rank": rank, "world_size": world}
     if args.device == "cuda":
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         torch.cuda.set_device(local_rank)
         args.device_now = f"cuda:{local_rank}"
-        # High-priority NCCL streams let the ring's transfers get SMs while attention
-        # kernels fill the GPU (otherwise the exchange waits for the compute to drain).
-        options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=args.high_priority)
-        if args.nccl_max_ctas:  # fewer NCCL blocks: more SMs left to the overlapped attention
-            options.config.max_ctas = args.nccl_max_ctas
-        dist.init_process_group(
-            "nccl", init_method=init_method or "env://", rank=rank, world_size=world,
-            timeout=timedelta(minutes=10), device_id=torch.device("cuda", local_rank), pg_options=options,
-        )  # fmt: skip
+        if args.group == "bound":
+            init["device_id"] = torch.device("cuda", local_rank)
+        elif args.group == "high-priority":
+            init["pg_options"] = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+        dist.init_process_group("nccl", **init)  # "default": exactly what users write
     else:  # smoke mode: gloo, attention through the torch reference
         os.environ["THD_ATTENTION_BACKEND"] = "reference"
         args.device_now = "cpu"
-        dist.init_process_group(
-            "gloo", init_method=init_method or "env://", rank=rank, world_size=world,
-            timeout=timedelta(minutes=10),
-        )  # fmt: skip
+        dist.init_process_group("gloo", **init)
     try:
         records: list[dict[str, Any]] = []
         for tokens in args.tokens:
-            for mix in args.mixes:
-                for layout in args.layouts:
-                    records.extend(run_shape(tokens, mix, layout, world, rank, args))
-                    if rank == 0:
-                        print(f"done tokens={tokens} mix={mix} layout={layout}", file=sys.stderr, flush=True)
+            for kv_heads in args.kv_heads:
+                for mix in args.mixes:
+                    for layout in args.layouts:
+                        records.extend(run_shape(tokens, kv_heads, mix, layout, world, rank, args))
+                        if rank == 0:
+                            print(f"done tokens={tokens} kv_heads={kv_heads} mix={mix} layout={layout}",
+                                  file=sys.stderr, flush=True)  # fmt: skip
+        host = host_times(world, rank, args) if args.host_calls > 0 else []
         if rank == 0:
-            config = {k: v for k, v in vars(args).items() if k not in ("out", "device_now")}
-            payload = {"benchmark": "ring", "env": env_fingerprint(), "config": {**config, "cp": world},
-                       "records": records, "summary": summarize(records)}  # fmt: skip
+            env = env_fingerprint()
+            config = {
+                k: v for k, v in vars(args).items() if k not in ("out", "device_now", "command", "commit")
+            }
+            payload = {
+                "benchmark": "ring", "command": args.command, "commit": args.commit or env["git_sha"],
+                "env": env, "nccl": _nccl_version() if args.device == "cuda" else None,
+                "rank_env": {k: os.environ.get(k) for k in (*RANK_ENV, "THD_CP_TRANSPORT", "THD_AUTOTUNE")},
+                "config": {**config, "cp": world}, "transport_log": logs.lines, "records": records,
+                "summary": summarize(records), "host_time": host,
+            }  # fmt: skip
             path = write_json(args.out, payload)
             for row in payload["summary"]:
+                print({k: row[k] for k in ("tokens_per_gpu", "kv_heads", "provider", "transport", "mode",
+                                           "cp_efficiency", "goal")}, file=sys.stderr)  # fmt: skip
+            for row in host:
                 print(row, file=sys.stderr)
             print(f"wrote {path}", file=sys.stderr)
     finally:
@@ -254,23 +423,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cp", type=int, default=2, help="ranks to spawn when not under torchrun")
     parser.add_argument("--tokens", type=int, nargs="+", default=[32768, 65536], help="tokens per GPU")
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument(
+        "--kv-heads", type=int, nargs="+", default=[16, 2], help="K/V heads (GQA when < heads)"
+    )
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--mixes", nargs="+", choices=list(MIXES), default=list(MIXES))
-    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
+    parser.add_argument("--mixes", nargs="+", choices=list(MIXES), default=["1024-8192"])
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=["padded"])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--transports", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS),
+        help="THD_CP_TRANSPORT values to measure (auto: the library's own choice)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--group", choices=GROUPS, default="default",
+        help="how the NCCL group is created (default: plain init_process_group('nccl'))",
+    )  # fmt: skip
+    parser.add_argument("--no-overlap", action="store_true", help="also measure the ring without overlap")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument(
+        "--host-calls", type=int, default=200, help="calls per host-time measurement (0: skip)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--no-high-priority", dest="high_priority", action="store_false",
-        help="create the NCCL group without high-priority streams",
-    )  # fmt: skip
-    parser.add_argument(
-        "--nccl-max-ctas", type=int, default=0,
-        help="cap the CTAs (SMs) the CP group's NCCL communicator uses (0: NCCL's default)",
-    )  # fmt: skip
+    parser.add_argument("--commit", default="", help="commit the code is at (the device copy has no .git)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 8k tokens, MHA, few iterations")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo smoke test")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tokens, args.kv_heads, args.warmup, args.iters, args.host_calls = [8192], [args.heads], 1, 3, 20
+    args.command = shlex.join(
+        [os.path.basename(sys.executable), *sys.argv] if argv is None else ["bench_ring.py", *argv]
+    )
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -278,6 +462,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_ring: needs CUDA GPUs (or --device cpu for a smoke test)", file=sys.stderr)
         return 1
+    for name, value in RANK_ENV.items():  # inherited by the spawned ranks
+        os.environ.setdefault(name, value)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
         worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None)
         return 0
