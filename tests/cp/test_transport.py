@@ -200,6 +200,17 @@ def _worker_selection(rank: int, world: int) -> None:
     assert comm.transport == "nccl" and comm.p2p_group is skewed, comm.reason
     assert "numbers of process groups" in comm.reason
 
+    # The symmetric-memory exchange layout (no buffer needed to plan it).
+    symm = tp.SymmMemComm(world_group, torch.device("cpu"), None)
+    k, v = torch.zeros(5, 2, 8), torch.zeros(5, 2, 4)
+    kr, vr = torch.empty_like(k), torch.empty_like(v)
+    ops = [symm.send(v, 1, 11), symm.send(k, 1, 10), symm.recv(vr, -1, 11), symm.recv(kr, -1, 10)]
+    sends, recvs, offsets, total, src = symm._plan(ops)
+    assert [id(op.tensor) for op in sends + recvs] == [id(t) for t in (k, v, kr, vr)]  # tag order
+    assert offsets == [0, 512] and total == 1024 and src == (rank - 1) % world
+    assert symm._plan([symm.send(k, 1, 10), symm.recv(vr, -1, 10)]) is None  # shapes differ
+    assert symm._plan([symm.send(k, 1, 10)]) is None  # no matching receive
+
 
 @pytest.mark.distributed
 def test_transport_selection_gloo() -> None:

@@ -357,7 +357,8 @@ class SymmMemComm(RingComm):
         name = self.group.group_name
         enabled = getattr(symm_mem, "is_symm_mem_enabled_for_group", None)
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-        if enabled is not None and enable is not None and not enabled(name):
+        needed = enable is not None and not hasattr(enable, "__deprecated__")  # older torch only
+        if needed and enabled is not None and not enabled(name):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 enable(name)
@@ -380,7 +381,8 @@ class SymmMemComm(RingComm):
         stream = _side_stream(self.device, priority=-1)
         assert stream is not None and self._handle is not None
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        mine, theirs = self._views[self.rank], self._views[src]
+        mine, theirs = self._buf, self._views[src]
+        assert mine is not None
         with torch.cuda.stream(stream):
             for op, off in zip(sends, offsets, strict=True):
                 _slice(mine, off, op.tensor).copy_(op.tensor)
@@ -401,8 +403,8 @@ class SymmMemComm(RingComm):
             return None
         offsets, total = [], 0
         for s, r in zip(sends, recvs, strict=True):
-            if (s.tag != r.tag or s.tensor.shape != r.tensor.shape or s.tensor.dtype != r.tensor.dtype
-                    or not r.tensor.is_contiguous() or s.tensor.device != self.device):  # fmt: skip
+            # Only facts that are the same on every rank decide, so all ranks take the same path.
+            if s.tag != r.tag or s.tensor.shape != r.tensor.shape or s.tensor.dtype != r.tensor.dtype:
                 return None
             offsets.append(total)
             total += -(-s.tensor.numel() * s.tensor.element_size() // _ALIGN) * _ALIGN
