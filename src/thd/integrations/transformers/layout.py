@@ -7,9 +7,10 @@ described here by ``cu_seqlens`` / ``cu_seqlens_padded`` (see ``README.md``, "Th
   ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``: no host sync when the maximum
   lengths are given;
 - packed from ``position_ids`` alone (a document starts wherever the position does not continue
-  the previous one, as in ``transformers.masking_utils.find_packed_sequence_indices``): the
-  document count needs one host sync, paid once per forward (the layout is cached by tensor
-  identity, so the other layers reuse it);
+  the previous one, as in ``transformers.masking_utils.find_packed_sequence_indices``): built
+  on the device, but the number of documents (and the longest, unless ``max_length_q`` is
+  given) is one host sync, paid once per forward (the layout is cached by tensor identity, so
+  the other layers reuse it);
 - right-padded (``B`` rows, a 2-D padding mask): each row is a slot of ``S`` rows,
   ``cu_seqlens_padded = arange(B + 1) * S`` and ``cu_seqlens`` the cumulative mask row sums; no
   unpad/pad copies and no host sync;
@@ -108,16 +109,23 @@ _position_cache = _LastLayout()
 
 def from_position_ids(position_ids: Tensor, max_seqlen: int | None) -> Layout:
     """Packed layout from ``position_ids [1, T]``: a document starts at row 0 and wherever the
-    position is not the previous one plus one. One host sync (the number of documents) plus one
-    for the maximum length when it is not given; cached per ``position_ids`` tensor."""
+    position is not the previous one plus one. One host sync (the number of documents, and the
+    longest one when ``max_seqlen`` is not given); cached per ``position_ids`` tensor."""
     compiling = torch.compiler.is_compiling()
     if not compiling and (hit := _position_cache.get(position_ids, max_seqlen)) is not None:
         return hit
     pos = position_ids.reshape(-1)
+    rows = torch.arange(pos.numel(), device=pos.device)
     starts = torch.ones_like(pos, dtype=torch.bool)
     starts[1:] = pos[1:] != pos[:-1] + 1
-    cu = torch.cat((starts.nonzero().reshape(-1), pos.new_full((1,), pos.numel()))).to(torch.int32)
-    longest = int((cu[1:] - cu[:-1]).max()) if max_seqlen is None else max_seqlen
+    doc = torch.cumsum(starts, 0) - 1  # document of each row, non-decreasing
+    if max_seqlen is None:
+        first = torch.cummax(torch.where(starts, rows, 0), 0).values  # first row of each row's document
+        count, longest = torch.stack((doc[-1] + 1, (rows - first).max() + 1)).tolist()
+    else:
+        count, longest = int(doc[-1]) + 1, max_seqlen
+    # cu[d] = first row whose document is >= d (cu[count] = T): no nonzero, no second sync.
+    cu = torch.searchsorted(doc, torch.arange(count + 1, device=pos.device), out_int32=True)
     layout = Layout(cu, cu, None, None, longest, longest)
     if not compiling:
         _position_cache.put(position_ids, max_seqlen, layout)
