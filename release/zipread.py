@@ -50,6 +50,7 @@ __all__ = ["CHUNK", "ZipArchive", "ZipEntry", "ZipFormatError"]
 CHUNK = 1 << 20
 _UTF8 = 0x0800
 _MAX_COMMENT = U16 + EOCD.size
+_MAX_DIRECTORY = 256 << 20  # read whole; real wheels need well under 1 KiB per member
 ReadAt = Callable[[int, int], bytes]
 
 
@@ -192,6 +193,10 @@ def parse_archive(at: ReadAt, size: int, max_entries: int) -> list[ZipEntry]:
     count, cd_offset, cd_size = _end_records(at, size)
     if count > max_entries:
         raise ZipFormatError("too-large", "archive", f"expected <= {max_entries} members, got {count}")
+    if cd_size > _MAX_DIRECTORY:
+        raise ZipFormatError(
+            "too-large", "central directory", f"expected <= {_MAX_DIRECTORY} bytes, got {cd_size}"
+        )
     entries = _central_directory(at(cd_offset, cd_size), count)
     _local_headers(at, entries, cd_offset)
     return entries
