@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from release.errors import WheelVerificationError
 from release.record import MAX_FIELD
 from release.repack import repack_wheel
 from release.verify import inspect_wheel, verify_wheel
@@ -290,3 +291,42 @@ def test_cli_subprocess_has_no_traceback(tmp_path: Path) -> None:
             [sys.executable, "-m", "release", *argv], cwd=REPO, capture_output=True, text=True, check=False
         )
         assert_clean_failure(proc.returncode, proc.stderr, "zip-method")
+
+
+def test_repack_output_reads_the_same_everywhere(tmp_path: Path) -> None:
+    from tests.release.test_fuzz import OutputChecks
+
+    src = wheel(tmp_path, foo_members(extra_files=[("foo/\u00e9.py", b"x = 1\n"), ("foo/sub/", b"")]))
+    out = repack_wheel(src, name="foo-cu12", tags=TARGET, outdir=tmp_path / "o").output
+    OutputChecks(tmp_path)(out)  # verify, zipfile.testzip, installer (RECORD validated), unzip -t
+
+
+def test_input_changed_after_verification(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy takes the verified digests; bytes swapped in after the check cannot get signed."""
+    import release.repack
+
+    path = wheel(tmp_path, compression=STORED)
+    data = path.read_bytes()
+    swapped = zipcraft.replace_stored(data, b"foo/__init__.py", b"VALUE = 6\n")
+    real = release.repack.inspect_wheel
+
+    def inspect_then_swap(*args, **kwargs):
+        result = real(*args, **kwargs)
+        path.write_bytes(swapped)
+        return result
+
+    monkeypatch.setattr(release.repack, "inspect_wheel", inspect_then_swap)
+    with pytest.raises(WheelVerificationError) as exc_info:
+        repack_wheel(path, name="foo-cu12", tags=TARGET, outdir=tmp_path / "o")
+    assert exc_info.value.codes == {"record-hash"}
+    assert not (tmp_path / "o").exists()
+
+
+def test_unwritable_output_is_a_clean_error(tmp_path: Path) -> None:
+    path = wheel(tmp_path)
+    (tmp_path / "file").write_text("not a directory")
+    rc, _, err = run_cli(
+        ["repack", str(path), "--name", "x", "--tag", TARGET, "--outdir", str(tmp_path / "file" / "o")]
+    )
+    assert_clean_failure(rc, err)
+    assert "cannot write the output" in err
