@@ -183,6 +183,91 @@ def test_validation_switch_reads_environment() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_device_validation_mode_reads_environment_and_keeps_host_checks_on_cpu() -> None:
+    env = {**os.environ, "THD_VALIDATE": "device", "PYTHONPATH": str(SRC)}
+    code = (
+        "import torch, thd.layout as l\n"
+        "print(l.validation_enabled(), l.set_device_validation(True))\n"
+        "try:\n"
+        "    l.validate(torch.tensor([0, 5, 3], dtype=torch.int32))\n"
+        "except l.ThdValueError as e:\n"
+        "    print('raised', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "True True"
+    assert lines[1].startswith("raised validate: cu_seqlens[2] (=3) < cu_seqlens[1] (=5)")
+
+
+_DEVICE_SCRIPT = """
+import sys, torch, thd.layout as l
+from thd.cp import partition
+l.set_device_validation(True)
+good = torch.tensor([0, 3, 9], dtype=torch.int32, device="cuda")
+cup = torch.tensor([0, 4, 12], dtype=torch.int32, device="cuda")
+x = torch.randn(16, 2, device="cuda")
+torch.cuda.synchronize()
+torch.cuda.set_sync_debug_mode("error")  # any host sync below raises
+l.validate(good, cup, num_rows=16, cp_size=2)
+partition(x, cup, 2, 1)
+l.check_layout_async("attention", good, cup, num_rows=16)
+torch.cuda.set_sync_debug_mode("default")
+torch.cuda.synchronize()
+print("valid ok", flush=True)
+bad = {"slots": (good, torch.tensor([0, 2, 12], dtype=torch.int32, device="cuda")),
+       "rows": (good, torch.tensor([0, 4, 20], dtype=torch.int32, device="cuda")),
+       "start": (torch.tensor([1, 3, 9], dtype=torch.int32, device="cuda"), cup)}[sys.argv[1]]
+torch.cuda.set_sync_debug_mode("error")
+l.validate(*bad, num_rows=16, cp_size=2)
+torch.cuda.set_sync_debug_mode("default")
+print("enqueued", flush=True)
+torch.cuda.synchronize()
+print("not flagged", flush=True)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["slots", "rows", "start"])
+def test_device_validation_flags_invalid_layouts_without_a_sync(case: str) -> None:
+    """THD_VALIDATE=device: no host sync for any layout; an invalid one trips a device assertion."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run(
+        [sys.executable, "-c", _DEVICE_SCRIPT, case], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout.splitlines()[:2] == ["valid ok", "enqueued"], (done.stdout, done.stderr)
+    assert "not flagged" not in done.stdout
+    assert done.returncode != 0 and "device-side assert" in done.stderr, done.stderr[-2000:]
+
+
+_CAPTURE_SCRIPT = """
+import torch, thd.layout as l
+l.set_device_validation(True)
+cu = torch.tensor([0, 3, 9], dtype=torch.int32, device="cuda")
+cup = torch.tensor([0, 4, 12], dtype=torch.int32, device="cuda")
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    l.validate(cu, cup, num_rows=16, cp_size=2)
+graph.replay()
+torch.cuda.synchronize()
+print("valid replay ok", flush=True)
+cup.copy_(torch.tensor([0, 2, 12], dtype=torch.int32))
+graph.replay()
+torch.cuda.synchronize()
+print("not flagged", flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_device_validation_is_captured_and_checks_every_replay() -> None:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run(
+        [sys.executable, "-c", _CAPTURE_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout.splitlines()[:1] == ["valid replay ok"], (done.stdout, done.stderr)
+    assert "not flagged" not in done.stdout
+    assert done.returncode != 0 and "device-side assert" in done.stderr, done.stderr[-2000:]
+
+
 # ----------------------------------------------------------------------------- pack_lengths
 
 

@@ -30,14 +30,18 @@ from thd.errors import ThdTypeError, ThdValueError
 __all__ = [
     "PackedLayout",
     "check_layout",
+    "check_layout_async",
     "pack_lengths",
+    "set_device_validation",
     "set_validation",
     "validate",
     "validation_enabled",
     "values_readable",
 ]
 
-_VALIDATION_ENABLED: bool = os.environ.get("THD_VALIDATE", "1").strip().lower() not in ("0", "false", "off")
+_ENV_VALIDATE = os.environ.get("THD_VALIDATE", "1").strip().lower()
+_VALIDATION_ENABLED: bool = _ENV_VALIDATE not in ("0", "false", "off")
+_DEVICE_VALIDATION: bool = _ENV_VALIDATE == "device"
 
 
 def set_validation(enabled: bool) -> bool:
@@ -55,6 +59,27 @@ def set_validation(enabled: bool) -> bool:
 def validation_enabled() -> bool:
     """Whether :func:`validate` currently reads and checks values."""
     return _VALIDATION_ENABLED
+
+
+def set_device_validation(enabled: bool) -> bool:
+    """Check CUDA layouts on the device (``THD_VALIDATE=device``); returns the old setting.
+
+    When on (and validation is on), value checks of CUDA tensors enqueue one asynchronous
+    device assertion instead of a device-to-host read: no sync, allowed during CUDA-graph
+    capture, and :func:`check_layout_async` checks layouts on paths that otherwise never
+    validate. A failed assertion is reported at a later CUDA call and leaves the CUDA context
+    unusable (restart the process), so this is a debugging aid. CPU tensors keep the host
+    checks (their values are readable for free).
+    """
+    global _DEVICE_VALIDATION
+    previous = _DEVICE_VALIDATION
+    _DEVICE_VALIDATION = bool(enabled)
+    return previous
+
+
+def _on_device(*tensors: Tensor | None) -> bool:
+    """Whether value checks of these tensors are device assertions (device mode, CUDA)."""
+    return _VALIDATION_ENABLED and _DEVICE_VALIDATION and any(t is not None and t.is_cuda for t in tensors)
 
 
 # ----------------------------------------------------------------------------- metadata checks
@@ -196,7 +221,9 @@ def validate(
     silently while a CUDA graph is being captured (reading device memory is illegal there),
     on meta tensors (they hold no values) and when validation is switched off
     (:func:`set_validation`, ``THD_VALIDATE=0``). Validate once per batch, before capture or
-    outside the step.
+    outside the step. With ``THD_VALIDATE=device`` CUDA layouts are checked by an
+    asynchronous device assertion instead (no sync, also under capture; see
+    :func:`set_device_validation`).
 
     Example::
 
@@ -207,10 +234,49 @@ def validate(
 
 
 def values_readable(*tensors: Tensor | None) -> bool:
-    """Whether value checks may read these tensors now: validation on, not capturing, none on meta."""
-    if not _VALIDATION_ENABLED or any(t is not None and t.is_meta for t in tensors):
+    """Whether value checks may read these tensors now: validation on, not capturing, none on meta,
+    and not checked on the device instead (``THD_VALIDATE=device``)."""
+    if not _VALIDATION_ENABLED or _on_device(*tensors) or any(t is not None and t.is_meta for t in tensors):
         return False
     return not _capture.is_capturing()
+
+
+def check_layout_async(
+    fn: str,
+    cu_seqlens: Tensor,
+    cu_seqlens_padded: Tensor | None,
+    *,
+    num_rows: int | None = None,
+    cp_size: int = 1,
+) -> None:
+    """With ``THD_VALIDATE=device``, assert the layout rules on the device (no sync); else nothing.
+
+    For paths that must not read the device (``max_seqlen_*`` given, capture): see
+    :func:`set_device_validation`. Metadata is not checked here.
+    """
+    if _on_device(cu_seqlens, cu_seqlens_padded):
+        _assert_layout(fn, cu_seqlens, cu_seqlens_padded, num_rows, cp_size)
+
+
+def _assert_layout(
+    fn: str, cu_seqlens: Tensor, cu_seqlens_padded: Tensor | None, num_rows: int | None, cp_size: int
+) -> None:
+    """One asynchronous device assertion of every value rule of :func:`validate`."""
+    cu = cu_seqlens.long()
+    slots = cu if cu_seqlens_padded is None else cu_seqlens_padded.long()
+    real, room = cu.diff(), slots.diff()
+    ok = [cu[0] == 0, slots[0] == 0, (real >= 0).all(), (room >= real).all()]
+    if cp_size > 1:
+        ok.append((room % (2 * cp_size) == 0).all())
+    if num_rows is not None:
+        ok.append(slots[-1] <= num_rows)
+    torch._assert_async(
+        torch.stack(ok).all(),
+        f"{fn}: invalid THD layout (THD_VALIDATE=device): cu_seqlens / cu_seqlens_padded must start at 0, "
+        f"be non-decreasing, hold every sequence in its slot"
+        + (f", have slots that are multiples of 2*cp_size = {2 * cp_size}" if cp_size > 1 else "")
+        + (f" and end within num_rows = {num_rows}" if num_rows is not None else ""),
+    )
 
 
 def check_layout(
@@ -229,6 +295,9 @@ def check_layout(
         check_num_rows(fn, num_rows, cp_size)
     assert isinstance(cu_seqlens, Tensor)
     assert cu_seqlens_padded is None or isinstance(cu_seqlens_padded, Tensor)
+    if _on_device(cu_seqlens, cu_seqlens_padded):
+        _assert_layout(fn, cu_seqlens, cu_seqlens_padded, num_rows, cp_size)
+        return
     if not values_readable(cu_seqlens, cu_seqlens_padded):
         return
     if cu_seqlens_padded is None:

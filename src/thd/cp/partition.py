@@ -14,9 +14,11 @@ so ``num_rows`` must be a multiple of ``2 * cp_size``; nothing is dropped or dup
 (``cu_seqlens_padded[0] == 0``, non-decreasing, every slot a multiple of ``2 * cp_size``, the
 last slot inside the buffer) with one device-to-host read, like :func:`thd.layout.validate`
 and under the same switches: skipped during CUDA-graph capture, on meta tensors and with
-``THD_VALIDATE=0``. Unchecked, an invalid layout gives garbage rows but never reads outside the
-buffer, and :func:`unpartition` never returns uninitialised memory. The per-rank counts
-(:func:`rank_cu_seqlens`, :func:`all_rank_cu_seqlens`) are pure device-side index math from
+``THD_VALIDATE=0``; with ``THD_VALIDATE=device`` CUDA slots get an asynchronous device
+assertion instead (:func:`thd.layout.set_device_validation`). Unchecked, an invalid layout
+gives garbage rows but never reads outside the buffer, and :func:`unpartition` never returns
+uninitialised memory. The per-rank counts (:func:`rank_cu_seqlens`,
+:func:`all_rank_cu_seqlens`) are pure device-side index math from
 :mod:`thd._cp_index`, re-exported here.
 """
 
@@ -47,6 +49,7 @@ _SLOT_NAMES = ("cu_seqlens_padded", "cu_seqlens_padded")
 def _check_slots(fn: str, cu_seqlens_padded: Tensor, cp_size: int, num_rows: int) -> None:
     """Value checks of the slots against a buffer of ``num_rows`` rows (one device-to-host read)."""
     _layout.check_num_rows(fn, num_rows, cp_size)
+    _layout.check_layout_async(fn, cu_seqlens_padded, None, num_rows=num_rows, cp_size=cp_size)
     if _layout.values_readable(cu_seqlens_padded):
         cup = cu_seqlens_padded.tolist()
         _layout.check_layout_values(fn, cup, None, num_rows=num_rows, cp_size=cp_size, names=_SLOT_NAMES)
