@@ -150,6 +150,9 @@ def _worker_selection(rank: int, world: int) -> None:
     assert derived.p2p_group is not world_group
     assert dist.get_process_group_ranks(derived.p2p_group) == list(range(world))
     assert tp.ring_comm(world_group, x) is derived  # cached
+    os.environ["THD_CP_TRANSPORT"] = tp.AUTO
+    assert tp.ring_comm(world_group, x) is derived  # auto shares the entry of what it resolves to
+    del os.environ["THD_CP_TRANSPORT"]
     assert dist.distributed_c10d._world.group_count == counter  # user group numbering untouched
     lines = logs.take()
     assert len(lines) == 1 and "nccl-high-priority" in lines[0] and "derived" in lines[0], lines

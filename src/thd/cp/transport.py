@@ -108,7 +108,7 @@ def ring_comm(group: dist.ProcessGroup, like: Any) -> RingComm:
     """
     device = like.device if isinstance(like, Tensor) else torch.device("cpu")
     mode = requested_transport()
-    key = (id(group), device.type, mode)
+    key = (id(group), device.type, AUTO if mode == "auto" else mode)  # auto shares its target's entry
     entry = _CACHE.get(key)
     if entry is not None and entry.group is group:
         return entry.comm
