@@ -262,6 +262,11 @@ def test_groups_on_different_ranks_do_not_deadlock_gloo() -> None:
 _GPU_CASES = (([700, 300, 24], (8, 2, 128)), ([1024, 5, 1001], (8, 8, 64)))
 
 
+def _deterministic() -> None:
+    """The backward without dQ atomics, so that bit-for-bit comparisons are meaningful."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def _gpu_results(rank: int, world: int, mode: str, group=None) -> list[list[Tensor]]:
     os.environ["THD_CP_TRANSPORT"] = mode
     device = torch.device("cuda", rank)
@@ -275,6 +280,7 @@ def _gpu_results(rank: int, world: int, mode: str, group=None) -> list[list[Tens
 
 
 def _worker_gpu_transports(rank: int, world: int) -> None:
+    _deterministic()
     logs = _Records()
     device = torch.device("cuda", rank)
     x = torch.zeros(1, device=device)
@@ -407,6 +413,7 @@ def test_transports_are_bit_identical_nccl() -> None:
 def _worker_gpu_bound(rank: int, world: int, rendezvous: str) -> None:
     """A default group bound to its device (init_process_group(device_id=...)): split_group."""
     dist.destroy_process_group()
+    _deterministic()
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=300), device_id=device)  # fmt: skip

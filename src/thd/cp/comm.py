@@ -164,7 +164,7 @@ class RingComm:
                     group.recv([op.tensor], peer, op.tag)
         finally:
             work = group._end_coalescing(device)
-        return [work]
+        return [] if work is None else [work]
 
 
 def _can_coalesce(group: dist.ProcessGroup, device: torch.device) -> bool:
