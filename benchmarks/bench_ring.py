@@ -220,8 +220,9 @@ def _measure(
 
 
 def run_shape(
-    tokens: int, kv_heads: int, mix: str, layout: str, cp: int, rank: int, args: argparse.Namespace
-) -> list[dict]:
+    tokens: int, kv_heads: int, mix: str, layout: str, cp: int, rank: int, args: argparse.Namespace,
+    transports: Sequence[str], single_too: bool = True,
+) -> list[dict]:  # fmt: skip
     import thd
     from thd.cp import ring_attention
 
@@ -238,13 +239,15 @@ def run_shape(
     shape = {"tokens_per_gpu": tokens, "cp": cp, "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
              "mix": mix, "layout": layout, "dtype": "bfloat16" if device.type == "cuda" else "float32",
              "causal": True}  # fmt: skip
-    records = _measure(
-        "single",
-        _callables(single, tokens, heads, kv_heads, dim, 1, device),
-        lambda mode: attention_flops(local, local, heads, dim, causal=True, mode=mode),
-        {**shape, "docs": len(local), "max_doclen": max1},
-        args,
-    )
+    records = []
+    if single_too:
+        records = _measure(
+            "single",
+            _callables(single, tokens, heads, kv_heads, dim, 1, device),
+            lambda mode: attention_flops(local, local, heads, dim, causal=True, mode=mode),
+            {**shape, "docs": len(local), "max_doclen": max1},
+            args,
+        )
     # Ring: cp * tokens packed documents of the same mix, every slot a multiple of 2*cp.
     lens = document_lengths(cp * tokens, lo, hi, args.seed + 1)
     if layout == "aligned":
@@ -255,8 +258,8 @@ def run_shape(
     rows = sum(slots)
     ring_shape = {**shape, "docs": len(lens), "max_doclen": longest, "global_rows": rows, "padding": pad}
     global_flops = lambda mode: attention_flops(lens, lens, heads, dim, causal=True, mode=mode)
-    runs = [(f"ring[{t}]", t, True) for t in args.transports]
-    if args.no_overlap:
+    runs = [(f"ring[{t}]", t, True) for t in transports]
+    if args.no_overlap and single_too:
         runs.append(("ring_no_overlap[auto]", "auto", False))
     for provider, transport, overlap in runs:
         ring = lambda q, k, v, overlap=overlap: ring_attention(
@@ -294,7 +297,7 @@ def host_times(cp: int, rank: int, args: argparse.Namespace) -> list[dict[str, A
     )  # fmt: skip
     out = []
     runs = [("single", None, single, sum(local))] + [
-        (f"ring[{t}]", t, ring, rows // cp) for t in args.transports
+        (f"ring[{t}]", t, ring, rows // cp) for t in sorted(args.transports, key=lambda t: t == "symm-mem")
     ]
     for provider, transport, attn, n in runs:
         calls = _callables(attn, n, heads, heads, dim, 20 + rank, device)
@@ -361,6 +364,22 @@ class _LogLines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def _payload(
+    args: argparse.Namespace, world: int, log_lines: list[str], records: list[dict[str, Any]],
+    host: list[dict[str, Any]], complete: bool,
+) -> dict[str, Any]:  # fmt: skip
+    env = env_fingerprint()
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "device_now", "command", "commit")}
+    return {
+        "benchmark": "ring", "complete": complete, "command": args.command,
+        "commit": args.commit or env["git_sha"], "env": env,
+        "nccl": _nccl_version() if args.device == "cuda" else None,
+        "rank_env": {k: os.environ.get(k) for k in (*RANK_ENV, "THD_CP_TRANSPORT", "THD_AUTOTUNE")},
+        "config": {**config, "cp": world}, "transport_log": list(log_lines), "records": records,
+        "summary": summarize(records), "host_time": host,
+    }  # fmt: skip
+
+
 def worker(rank: int, world: int, args: argparse.Namespace, init_method: str | None) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     for name, value in RANK_ENV.items():
@@ -385,34 +404,36 @@ def worker(rank: int, world: int, args: argparse.Namespace, init_method: str | N
         dist.init_process_group("gloo", **init)
     try:
         records: list[dict[str, Any]] = []
-        for tokens in args.tokens:
-            for kv_heads in args.kv_heads:
-                for mix in args.mixes:
-                    for layout in args.layouts:
-                        records.extend(run_shape(tokens, kv_heads, mix, layout, world, rank, args))
-                        if rank == 0:
-                            print(f"done tokens={tokens} kv_heads={kv_heads} mix={mix} layout={layout}",
-                                  file=sys.stderr, flush=True)  # fmt: skip
+        host: list[dict[str, Any]] = []
+
+        def dump(complete: bool) -> None:  # rank 0, after every shape: a cut-short run keeps its data
+            if rank == 0:
+                write_json(args.out, _payload(args, world, logs.lines, records, host, complete))
+
+        # symm-mem last, in a pass of its own: a transport that fails badly cannot cost the others.
+        passes = [([t for t in args.transports if t != "symm-mem"], True)]
+        if "symm-mem" in args.transports:
+            passes.append((["symm-mem"], False))
+        for transports, single_too in passes:
+            for tokens in args.tokens:
+                for kv_heads in args.kv_heads:
+                    for mix in args.mixes:
+                        for layout in args.layouts:
+                            records.extend(run_shape(tokens, kv_heads, mix, layout, world, rank, args,
+                                                     transports, single_too))  # fmt: skip
+                            dump(False)
+                            if rank == 0:
+                                print(f"done {transports} tokens={tokens} kv_heads={kv_heads} mix={mix} "
+                                      f"layout={layout}", file=sys.stderr, flush=True)  # fmt: skip
         host = host_times(world, rank, args) if args.host_calls > 0 else []
+        dump(True)
         if rank == 0:
-            env = env_fingerprint()
-            config = {
-                k: v for k, v in vars(args).items() if k not in ("out", "device_now", "command", "commit")
-            }
-            payload = {
-                "benchmark": "ring", "command": args.command, "commit": args.commit or env["git_sha"],
-                "env": env, "nccl": _nccl_version() if args.device == "cuda" else None,
-                "rank_env": {k: os.environ.get(k) for k in (*RANK_ENV, "THD_CP_TRANSPORT", "THD_AUTOTUNE")},
-                "config": {**config, "cp": world}, "transport_log": logs.lines, "records": records,
-                "summary": summarize(records), "host_time": host,
-            }  # fmt: skip
-            path = write_json(args.out, payload)
-            for row in payload["summary"]:
+            for row in summarize(records):
                 print({k: row[k] for k in ("tokens_per_gpu", "kv_heads", "provider", "transport", "mode",
                                            "cp_efficiency", "goal")}, file=sys.stderr)  # fmt: skip
             for row in host:
                 print(row, file=sys.stderr)
-            print(f"wrote {path}", file=sys.stderr)
+            print(f"wrote {args.out}", file=sys.stderr)
     finally:
         dist.destroy_process_group()
 
