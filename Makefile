@@ -11,7 +11,7 @@ OUTDIR      ?= dist
 DEV_OUTDIR  ?= dist-dev
 SHORT_SHA   := $(shell git rev-parse --short HEAD 2>/dev/null)
 
-.PHONY: help setup setup-release test test-gpu test-dist wheel release verify bench bench-cpu lint fmt clean
+.PHONY: help setup setup-release test test-gpu memcheck test-dist wheel release verify bench bench-cpu lint fmt clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -46,6 +46,10 @@ release: setup-release ## the full verified release set in dist/
 
 verify: setup-release ## verify WHEEL=path
 	$(PY) -m release verify $(WHEEL)
+
+memcheck: ## attention kernels on invalid layouts under compute-sanitizer memcheck (GPU machine)
+	PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} compute-sanitizer --tool memcheck --error-exitcode 1 \
+		$(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider tests/ops/test_attention_bounds.py
 
 bench: ## GPU benchmarks -> benchmarks/results/*.json (run on the H200; BENCH_ARGS=--quick for a smoke run)
 	PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/run_all.py --out benchmarks/results $(BENCH_ARGS)

@@ -54,46 +54,89 @@ def _time_ms(fn, calls: int = 10, trials: int = 3) -> float:  # type: ignore[no-
     return statistics.median(times)
 
 
-def _with_tile(kernel: str, dim_class: int, tile: launch.Tile, fn):  # type: ignore[no-untyped-def]
-    old = launch.TILES[(kernel, dim_class)]
-    launch.TILES[(kernel, dim_class)] = tile
+def _with_tile(kernel: str, key: tuple[int, bool], tile: launch.Tile, fn):  # type: ignore[no-untyped-def]
+    old = launch.TILES[(kernel, *key)]
+    launch.TILES[(kernel, *key)] = tile
     try:
         return _time_ms(fn)
     except Exception as exc:  # a tile that does not compile or fit is recorded, not fatal
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     finally:
-        launch.TILES[(kernel, dim_class)] = old
+        launch.TILES[(kernel, *key)] = old
 
 
-def _sweep_kernel(kernel: str, cls: int, fn, flops: float) -> dict:  # type: ignore[no-untyped-def]
+def _sweep_kernel(kernel: str, key: tuple[int, bool], fn, flops: float) -> dict:  # type: ignore[no-untyped-def]
     results: dict = {}
     for tile in launch.CANDIDATES[kernel]:
-        ms = _with_tile(kernel, cls, tile, fn)
-        key = f"{tile.block_m}x{tile.block_n}w{tile.num_warps}s{tile.num_stages}"
-        results[key] = ms if isinstance(ms, str) else {"ms": ms, "tflops": flops / ms / 1e9}
-        print(kernel, cls, key, results[key], flush=True)
+        ms = _with_tile(kernel, key, tile, fn)
+        name = f"{tile.block_m}x{tile.block_n}w{tile.num_warps}s{tile.num_stages}"
+        results[name] = ms if isinstance(ms, str) else {"ms": ms, "tflops": flops / ms / 1e9}
+        print(kernel, key, name, results[name], flush=True)
     return results
 
 
-def _mix(tokens: int, lo: int, hi: int, head_dim: int, heads: int, pad_to: int) -> dict:
+def _with_dq_mode(mode: int, fn):  # type: ignore[no-untyped-def]
+    def call() -> object:
+        old = launch.FAST_DQ_MODE
+        launch.FAST_DQ_MODE = mode
+        try:
+            return fn()
+        finally:
+            launch.FAST_DQ_MODE = old
+
+    return call
+
+
+def _mix(tokens: int, lo: int, hi: int, head_dim: int, heads: int, pad_to: int, modes: list[int]) -> dict:
     layout, rows, sq = _layout(tokens, lo, hi, pad_to, "cuda")
     q, k, v, do = (torch.randn(rows, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     opts = AttentionOptions(head_dim**-0.5, causal=True)
     det = AttentionOptions(head_dim**-0.5, causal=True, deterministic=True)
     flops_fwd = 2 * heads * 2 * head_dim * sq / 2
-    cls = max(64, head_dim)
+    key = (max(64, head_dim), hi > launch.LONG_SEQUENCES)
     out, lse = launch.forward(q, k, v, layout, opts)
-    calls = {
-        "fwd": (lambda: launch.forward(q, k, v, layout, opts), flops_fwd),
-        "dkdv": (lambda: launch.backward(do, q, k, v, out, lse, layout, opts), 2.5 * flops_fwd),
-        "dq": (lambda: launch.backward(do, q, k, v, out, lse, layout, det), 2.5 * flops_fwd),
-    }
-    tiles = {kernel: _sweep_kernel(kernel, cls, fn, flops) for kernel, (fn, flops) in calls.items()}
+    calls = {"fwd": (lambda: launch.forward(q, k, v, layout, opts), flops_fwd)}
+    for mode in modes:
+        options = det if mode == 0 else opts
+        bwd = _with_dq_mode(mode, lambda o=options: launch.backward(do, q, k, v, out, lse, layout, o))
+        calls[f"dkdv-mode{mode}"] = (bwd, 2.5 * flops_fwd)
+    calls["dq"] = (lambda: launch.backward(do, q, k, v, out, lse, layout, det), 2.5 * flops_fwd)
+    tiles = {name: _sweep_kernel(name.split("-")[0], key, fn, flops) for name, (fn, flops) in calls.items()}
     return {"tokens": tokens, "docs": f"{lo}-{hi}", "head_dim": head_dim, "pad_to": pad_to, "tiles": tiles}
 
 
-def sweep(head_dim: int, heads: int, pad_to: int) -> list[dict]:
-    return [_mix(tokens, lo, hi, head_dim, heads, pad_to) for tokens, lo, hi in MIXES]
+def sweep(head_dim: int, heads: int, pad_to: int, modes: list[int]) -> list[dict]:
+    return [_mix(tokens, lo, hi, head_dim, heads, pad_to, modes) for tokens, lo, hi in MIXES]
+
+
+def best_tiles(sweeps: list[dict]) -> tuple[dict[str, list[int]], int]:
+    """Per (kernel, head-dim class, length class) the tile with the least total time over the mixes,
+    and the dQ mode whose best tiles give the fastest backward overall."""
+    totals: dict[tuple[str, str], dict[str, float]] = {}
+    for rec in sweeps:
+        length = "long" if int(rec["docs"].split("-")[1]) > launch.LONG_SEQUENCES else "short"
+        group = f"{max(64, rec['head_dim'])},{length}"
+        for kernel, results in rec["tiles"].items():
+            for name, res in results.items():
+                if isinstance(res, dict):
+                    slot = totals.setdefault((kernel, group), {})
+                    slot[name] = slot.get(name, 0.0) + res["ms"]
+    best = {key: min(times, key=times.__getitem__) for key, times in totals.items() if times}
+    mode_ms: dict[int, float] = {}
+    for (kernel, group), name in best.items():
+        if kernel.startswith("dkdv-mode"):
+            mode = int(kernel.removeprefix("dkdv-mode"))
+            mode_ms[mode] = mode_ms.get(mode, 0.0) + totals[(kernel, group)][name]
+    mode = min(mode_ms, key=mode_ms.__getitem__) if mode_ms else 2
+    tiles: dict[str, list[int]] = {}
+    for (kernel, group), name in best.items():
+        if kernel.startswith("dkdv-mode") and kernel != f"dkdv-mode{mode}":
+            continue
+        block_m, rest = name.split("x")
+        block_n, rest = rest.split("w")
+        warps, stages = rest.split("s")
+        tiles[f"{kernel.split('-')[0]},{group}"] = [int(block_m), int(block_n), int(warps), int(stages)]
+    return tiles, mode
 
 
 def host_time_us() -> dict[str, float]:
@@ -123,15 +166,27 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--head-dims", default="128,64")
     parser.add_argument("--pad-to", default="1")
+    parser.add_argument("--emit-tiles", help="write the best tiles (THD_TILES format) and dQ mode here")
+    parser.add_argument("--dq-modes", default="0,2", help="backward dQ modes to sweep (0: deterministic)")
     args = parser.parse_args()
     payload = {"command": command_line(), "env": env_fingerprint(), "host_us": host_time_us(), "sweeps": []}
     print("host", payload["host_us"], flush=True)
     for head_dim in (int(x) for x in args.head_dims.split(",")):
         for pad_to in (int(x) for x in args.pad_to.split(",")):
-            payload["sweeps"] += sweep(head_dim, 16, pad_to)
+            modes = [int(x) for x in args.dq_modes.split(",")]
+            payload["sweeps"] += sweep(head_dim, 16, pad_to, modes)
             with open(args.out, "w") as fh:
                 json.dump(payload, fh, indent=1)
-    print("done", file=sys.stderr)
+    tiles, mode = best_tiles(payload["sweeps"])
+    payload["best_tiles"], payload["best_dq_mode"] = tiles, mode
+    with open(args.out, "w") as fh:
+        json.dump(payload, fh, indent=1)
+    if args.emit_tiles:
+        with open(args.emit_tiles, "w") as fh:
+            json.dump(tiles, fh)
+        with open(args.emit_tiles + ".mode", "w") as fh:
+            fh.write(str(mode))
+    print("best", tiles, "dq mode", mode, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ Variants: ``SOFTCAP`` scores are ``softcap * tanh(s / softcap)``; ``HAS_SINKS`` 
 ``ACCUMULATE`` the forward continues a normalised partial ``(out, lse)`` in place (a ring
 step merges into earlier steps without a separate pass). The backward either writes dQ from
 its own kernel (deterministic) or adds it with fp32 atomics from the dK/dV kernel
-(``ATOMIC_DQ``, five matrix products per tile instead of seven).
+(``DQ_MODE`` 1: per-element atomics, 2: one bulk TMA reduction per tile; five matrix products
+per tile instead of seven).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def _load_rows(
 ):
     """Rows ``rows`` (below ``limit`` when ``MASK_ROWS``) and columns ``< WIDTH`` of a ``[T, W]`` view;
     everything else reads as 0 and is never touched in memory."""
-    ptrs = base + rows.to(tl.int64)[:, None] * stride_t + cols[None, :]
+    ptrs = base + rows[:, None] * stride_t + cols[None, :]
     if MASK_ROWS:
         return tl.load(ptrs, mask=(rows < limit)[:, None] & (cols[None, :] < WIDTH), other=0.0)
     if WIDTH == BLOCK_W:
@@ -140,7 +141,7 @@ def _load_rows(
 
 @triton.jit
 def _store_rows(base, rows, cols, stride_t, limit, value, WIDTH: tl.constexpr):
-    ptrs = base + rows.to(tl.int64)[:, None] * stride_t + cols[None, :]
+    ptrs = base + rows[:, None] * stride_t + cols[None, :]
     tl.store(ptrs, value.to(base.dtype.element_ty), mask=(rows < limit)[:, None] & (cols[None, :] < WIDTH))
 
 
@@ -510,6 +511,7 @@ def _bwd_kv_tiles(
     lse_base,
     delta_base,
     dq_base,
+    q_start,
     stride_qt,
     stride_dot,
     stride_dqt,
@@ -531,7 +533,7 @@ def _bwd_kv_tiles(
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
+    DQ_MODE: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     """Accumulate dK, dV of one key tile over query tiles ``[lo, hi)`` (and add dQ with atomics)."""
@@ -553,12 +555,14 @@ def _bwd_kv_tiles(
         dp_t = _dot(v, tl.trans(do), UPCAST)  # [BLOCK_N, BLOCK_M]
         ds_t = _ds_scaled(p_t, dp_t, delta[None, :], t_t, sm_scale, SOFTCAP).to(q.dtype)
         dk += _dot(ds_t, q, UPCAST)
-        if ATOMIC_DQ:
+        if DQ_MODE == 1:  # fp32 atomics per element
             dq = _dot(tl.trans(ds_t), k, UPCAST)  # [BLOCK_M, BLOCK_D]
-            ptrs = dq_base + rows.to(tl.int64)[:, None] * stride_dqt + offs_d[None, :]
+            ptrs = dq_base + rows[:, None] * stride_dqt + offs_d[None, :]
             tl.atomic_add(
                 ptrs, dq, mask=(rows < seqlen_q)[:, None] & (offs_d[None, :] < HEAD_DIM), sem="relaxed"
             )
+        elif DQ_MODE == 2:  # one bulk (TMA) reduction per tile; rows past seqlen_q add exact zeros
+            dq_base.atomic_add([q_start + start_m, 0], _dot(tl.trans(ds_t), k, UPCAST))
     return dk, dv
 
 
@@ -607,7 +611,7 @@ def _attention_bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
+    DQ_MODE: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -656,7 +660,15 @@ def _attention_bwd_dkdv_kernel(
             do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
             lse_base = lse_ptr + head * stride_lse_h + q_start
             delta_base = delta_ptr + head * stride_lse_h + q_start
-            dq_base = dq_acc_ptr + q_start.to(tl.int64) * stride_dqt + head * stride_dqh
+            if DQ_MODE == 2:
+                dq_base = tl.make_tensor_descriptor(
+                    dq_acc_ptr + head * stride_dqh,
+                    shape=[rows_q, HEAD_DIM],
+                    strides=[stride_dqt, 1],
+                    block_shape=[BLOCK_M, BLOCK_D],
+                )
+            else:
+                dq_base = dq_acc_ptr + q_start.to(tl.int64) * stride_dqt + head * stride_dqh
             dk, dv = _bwd_kv_tiles(
                 dk,
                 dv,
@@ -667,6 +679,7 @@ def _attention_bwd_dkdv_kernel(
                 lse_base,
                 delta_base,
                 dq_base,
+                q_start,
                 stride_qt,
                 stride_dot,
                 stride_dqt,
@@ -688,7 +701,7 @@ def _attention_bwd_dkdv_kernel(
                 HAS_LEFT,
                 HAS_RIGHT,
                 SOFTCAP,
-                ATOMIC_DQ,
+                DQ_MODE,
                 UPCAST,
             )
             dk, dv = _bwd_kv_tiles(
@@ -701,6 +714,7 @@ def _attention_bwd_dkdv_kernel(
                 lse_base,
                 delta_base,
                 dq_base,
+                q_start,
                 stride_qt,
                 stride_dot,
                 stride_dqt,
@@ -722,7 +736,7 @@ def _attention_bwd_dkdv_kernel(
                 HAS_LEFT,
                 HAS_RIGHT,
                 SOFTCAP,
-                ATOMIC_DQ,
+                DQ_MODE,
                 UPCAST,
             )
             dk, dv = _bwd_kv_tiles(
@@ -735,6 +749,7 @@ def _attention_bwd_dkdv_kernel(
                 lse_base,
                 delta_base,
                 dq_base,
+                q_start,
                 stride_qt,
                 stride_dot,
                 stride_dqt,
@@ -756,7 +771,7 @@ def _attention_bwd_dkdv_kernel(
                 HAS_LEFT,
                 HAS_RIGHT,
                 SOFTCAP,
-                ATOMIC_DQ,
+                DQ_MODE,
                 UPCAST,
             )
         _store_rows(

@@ -41,18 +41,45 @@ class Tile:
         )
 
 
-# (kernel, head-dim class) -> tile; the class is the padded head dim: 64, 128 or 256.
-TILES: dict[tuple[str, int], Tile] = {
-    ("fwd", 64): Tile(128, 64, 4, 3),
-    ("fwd", 128): Tile(128, 64, 8, 3),
-    ("fwd", 256): Tile(64, 32, 4, 2),
-    ("dkdv", 64): Tile(64, 128, 8, 2),
-    ("dkdv", 128): Tile(64, 128, 8, 2),
-    ("dkdv", 256): Tile(32, 64, 4, 2),
-    ("dq", 64): Tile(128, 64, 8, 3),
-    ("dq", 128): Tile(128, 64, 8, 3),
-    ("dq", 256): Tile(64, 32, 4, 2),
+# (kernel, head-dim class, long sequences) -> tile. The head-dim class is the padded head dim
+# (64, 128 or 256); sequences are long when max_seqlen > 1024. Measured on one H200 with
+# benchmarks/tune_attention.py (bf16, 16 heads, causal packed documents).
+TILES: dict[tuple[str, int, bool], Tile] = {
+    ("fwd", 64, False): Tile(64, 64, 4, 3),
+    ("fwd", 64, True): Tile(128, 64, 4, 3),
+    ("fwd", 128, False): Tile(64, 64, 4, 3),
+    ("fwd", 128, True): Tile(128, 128, 8, 3),
+    ("fwd", 256, False): Tile(64, 32, 4, 2),
+    ("fwd", 256, True): Tile(64, 32, 4, 2),
+    ("dkdv", 64, False): Tile(32, 64, 4, 2),
+    ("dkdv", 64, True): Tile(64, 128, 8, 3),
+    ("dkdv", 128, False): Tile(32, 128, 8, 2),
+    ("dkdv", 128, True): Tile(32, 128, 8, 2),
+    ("dkdv", 256, False): Tile(32, 64, 4, 2),
+    ("dkdv", 256, True): Tile(32, 64, 4, 2),
+    ("dq", 64, False): Tile(64, 64, 4, 3),
+    ("dq", 64, True): Tile(64, 64, 4, 3),
+    ("dq", 128, False): Tile(128, 32, 4, 3),
+    ("dq", 128, True): Tile(128, 64, 8, 3),
+    ("dq", 256, False): Tile(64, 32, 4, 2),
+    ("dq", 256, True): Tile(64, 32, 4, 2),
 }
+LONG_SEQUENCES = 1024
+
+
+def _load_tile_overrides(path: str) -> None:
+    """``THD_TILES=file.json``: ``{"fwd,128,long": [block_m, block_n, warps, stages], ...}`` replaces
+    entries of :data:`TILES` (``benchmarks/tune_attention.py --emit-tiles`` writes such a file)."""
+    import json
+
+    with open(path) as fh:
+        for key, value in json.load(fh).items():
+            kernel, dim_class, length = key.split(",")
+            TILES[(kernel, int(dim_class), length == "long")] = Tile(*(int(x) for x in value))
+
+
+if os.environ.get("THD_TILES"):
+    _load_tile_overrides(os.environ["THD_TILES"])
 _INTERPRETER_TILE = Tile(32, 32, 4, 1)
 
 CANDIDATES: dict[str, list[Tile]] = {
@@ -89,9 +116,11 @@ def _dim_class(meta: dict[str, int | bool]) -> int:
     return max(64, int(meta["BLOCK_D"]), int(meta["BLOCK_DV"]))
 
 
-def tile_for(kernel: str, meta: dict[str, int | bool]) -> Tile:
-    """The tile a launch of ``kernel`` uses for these head dims."""
-    return _INTERPRETER_TILE if _INTERPRET else TILES[(kernel, _dim_class(meta))]
+def tile_for(kernel: str, meta: dict[str, int | bool], max_seqlen: int) -> Tile:
+    """The tile a launch of ``kernel`` uses for these head dims and sequence lengths."""
+    if _INTERPRET:
+        return _INTERPRETER_TILE
+    return TILES[(kernel, _dim_class(meta), max_seqlen > LONG_SEQUENCES)]
 
 
 def _prune(kernel: str):  # type: ignore[no-untyped-def]
@@ -103,6 +132,22 @@ def _prune(kernel: str):  # type: ignore[no-untyped-def]
         return kept or [_INTERPRETER_TILE.config()]
 
     return prune
+
+
+# How the non-deterministic backward adds dQ (see kernels.py): 1 per-element atomics (the
+# interpreter), 2 one bulk TMA reduction per tile (GPU). The deterministic backward uses 0.
+FAST_DQ_MODE = 1 if _INTERPRET else int(os.environ.get("THD_DQ_MODE", "2"))
+_allocator_ready = False
+
+
+def _dq_mode(options: AttentionOptions) -> int:
+    global _allocator_ready
+    if options.deterministic or FAST_DQ_MODE == 0:
+        return 0
+    if FAST_DQ_MODE == 2 and not _allocator_ready:  # device-side tensor descriptors need scratch
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _allocator_ready = True
+    return FAST_DQ_MODE
 
 
 _KEY = ["seq_bucket", "HEAD_DIM", "HEAD_DIM_V", "GROUP", "HAS_LEFT", "HAS_RIGHT", "SOFTCAP"]
@@ -121,7 +166,7 @@ def _tuned(kernel: str, fn, restore: list[str] | None = None, key: list[str] = _
 if _AUTOTUNE:
     _KERNELS = {
         "fwd": _tuned("fwd", kernels._attention_fwd_kernel, ["out_ptr", "lse_ptr"], [*_KEY, "ACCUMULATE"]),
-        "dkdv": _tuned("dkdv", kernels._attention_bwd_dkdv_kernel, ["dq_acc_ptr"], [*_KEY, "ATOMIC_DQ"]),
+        "dkdv": _tuned("dkdv", kernels._attention_bwd_dkdv_kernel, ["dq_acc_ptr"], [*_KEY, "DQ_MODE"]),
         "dq": _tuned("dq", kernels._attention_bwd_dq_kernel),
     }
 else:
@@ -140,7 +185,7 @@ def _launch(kernel: str, rows: int, num_heads: int, num_seqs: int, meta: dict, *
         grid = lambda m: (max(1, triton.cdiv(rows, m[block])), num_heads, num_seqs + 1)
         fn[grid](*args, **meta)
         return
-    tile = tile_for(kernel, meta)
+    tile = tile_for(kernel, meta, rows)
     block = tile.block_n if kernel == "dkdv" else tile.block_m
     fn[(max(1, triton.cdiv(rows, block)), num_heads, num_seqs + 1)](
         *args,
@@ -257,7 +302,8 @@ def backward(
     num_heads, num_kv_heads, num_seqs = q.shape[1], k.shape[1], layout.num_seqs
     max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
     assert max_q is not None and max_kv is not None
-    atomic = not options.deterministic
+    dq_mode = _dq_mode(options)
+    atomic = dq_mode > 0
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else q.new_empty(q.shape)
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
     meta = _meta(q, k, v, options)
@@ -309,7 +355,7 @@ def backward(
             max_kv,
             num_kv_heads,
             num_seqs,
-            {**meta, "ATOMIC_DQ": atomic},
+            {**meta, "DQ_MODE": dq_mode},
             q,
             k,
             v,
