@@ -238,7 +238,10 @@ def _derive(group: dist.ProcessGroup, device: torch.device, probe: _Probe, rows:
     bound = all(row[2] for row in rows)
     split = bound and hasattr(dist, "split_group")
     if not split and any(row[2] for row in rows):
-        reason = "the default group is bound to a device on some ranks only: the group as given"
+        reason = (
+            "the default group is bound to a device (on some ranks only, or this torch has no "
+            "split_group), where a new NCCL group would split the job's whole communicator: as given"
+        )
         return RingComm(group, transport="nccl", reason=reason)
     if not split and any(row[1] != rows[0][1] for row in rows):
         reason = (
