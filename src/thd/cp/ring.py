@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,9 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from thd._capture import is_capturing
 from thd.cp.checks import check_metadata, check_shards, check_values, max_len, resolve_max_seqlen
 from thd.cp.comm import RingComm, resolve_group
+from thd.cp.transport import ring_comm
 from thd.errors import ThdError
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = ["RingPlan", "StepArgs", "build_plan", "path_counts", "ring_attention"]
 
@@ -80,39 +82,42 @@ def _tag(step: int, kind: int) -> int:
 
 @dataclass(frozen=True)
 class StepArgs:
-    """Kernel arguments of one ring step (one K/V source rank)."""
+    """One ring step (one K/V source rank): its layout, and whether it is the causal diagonal."""
 
-    cu_seqlens_q: Tensor
-    cu_seqlens_kv: Tensor
-    cu_seqlens_q_padded: Tensor
-    cu_seqlens_kv_padded: Tensor
-    max_seqlen_q: int
-    max_seqlen_kv: int
+    layout: VarlenLayout
     causal: bool
 
+    def _options(self, base: AttentionOptions) -> AttentionOptions:
+        return replace(base, causal=self.causal)
+
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, scale: float, accumulate: tuple[Tensor, Tensor] | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        options: AttentionOptions,
+        accumulate: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         """``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``, zeros / ``-inf`` outside this step's rows;
         with ``accumulate`` this step is merged into that partial result in place instead."""
         from thd.ops.attention import attention_forward  # on use: keeps `import thd.cp` free of Triton
 
-        return attention_forward(
-            q, k, v, self.cu_seqlens_q, self.cu_seqlens_kv, self.cu_seqlens_q_padded,
-            self.cu_seqlens_kv_padded, self.max_seqlen_q, self.max_seqlen_kv, self.causal, scale,
-            accumulate,
-        )  # fmt: skip
+        return attention_forward(q, k, v, self.layout, self._options(options), accumulate=accumulate)
 
     def backward(
-        self, do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float
+        self, do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, options: AttentionOptions
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``(dq, dk, dv)`` of this step from the merged ``out`` and ``lse``."""
         from thd.ops.attention import attention_backward
 
-        return attention_backward(
-            do, q, k, v, out, lse, self.cu_seqlens_q, self.cu_seqlens_kv, self.cu_seqlens_q_padded,
-            self.cu_seqlens_kv_padded, self.max_seqlen_q, self.max_seqlen_kv, self.causal, scale,
-        )  # fmt: skip
+        dq, dk, dv, _ = attention_backward(do, q, k, v, out, lse, self.layout, self._options(options))
+        return dq, dk, dv
+
+
+def _step(
+    cu_q: Tensor, cu_kv: Tensor, cup_q: Tensor, cup_kv: Tensor, max_q: int, max_kv: int, causal: bool
+) -> StepArgs:
+    return StepArgs(VarlenLayout(cu_q, cu_kv, cup_q, cup_kv, max_q, max_kv), causal)
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,7 @@ class RingPlan:
     cp_rank: int
     pad: bool
     exact: bool
-    softmax_scale: float
+    options: AttentionOptions
     steps: tuple[StepArgs, ...]
     cu_seqlens_q_local: Tensor
     cu_seqlens_q_padded_local: Tensor
@@ -166,8 +171,10 @@ def build_plan(
     cu_q, cu_kv, cup_q, cup_kv = cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
     cp, r = cp_size, cp_rank
     if cp == 1:
-        step = StepArgs(cu_q, cu_kv, cup_q, cup_kv, max_seqlen_q, max_seqlen_kv, causal)
-        return RingPlan(1, 0, pad_between_seqs, True, softmax_scale, (step,), cu_q, cup_q, cu_kv, cup_kv)
+        step = _step(cu_q, cu_kv, cup_q, cup_kv, max_seqlen_q, max_seqlen_kv, causal)
+        return RingPlan(
+            1, 0, pad_between_seqs, True, AttentionOptions(softmax_scale), (step,), cu_q, cup_q, cu_kv, cup_kv
+        )
     exact = pad_between_seqs
 
     def bounds(longest: int, slot: int | None) -> tuple[int, int]:
@@ -192,20 +199,28 @@ def build_plan(
     full_q = tq[r, 1:]
     steps: list[StepArgs] = []
     if not causal:
-        steps = [StepArgs(full_q, tkv[j, 1:], cupl_q, cupl_kv, mq, mkv, False) for j in range(cp)]
+        steps = [_step(full_q, tkv[j, 1:], cupl_q, cupl_kv, mq, mkv, False) for j in range(cp)]
     else:
         second_q, second_q_padded, kv_padded_shifted = tq[2 * cp + r], tq[3 * cp + 1], tkv[3 * cp]
         for j in range(cp):
             if j == r:
-                steps.append(StepArgs(full_q, full_q, cupl_q, cupl_kv, mq, mkv, True))
+                steps.append(_step(full_q, full_q, cupl_q, cupl_kv, mq, mkv, True))
             elif j < r:
-                steps.append(StepArgs(full_q, tkv[cp + j, 1:], cupl_q, cupl_kv, mq, mkv_half, False))
+                steps.append(_step(full_q, tkv[cp + j, 1:], cupl_q, cupl_kv, mq, mkv_half, False))
             else:
-                steps.append(
-                    StepArgs(second_q, tkv[j], second_q_padded, kv_padded_shifted, mq_half, mkv, False)
-                )
-    return RingPlan(cp, r, pad_between_seqs, exact, softmax_scale, tuple(steps), full_q, cupl_q,
-                    tkv[r, 1:], cupl_kv)  # fmt: skip
+                steps.append(_step(second_q, tkv[j], second_q_padded, kv_padded_shifted, mq_half, mkv, False))
+    return RingPlan(
+        cp,
+        r,
+        pad_between_seqs,
+        exact,
+        AttentionOptions(softmax_scale),
+        tuple(steps),
+        full_q,
+        cupl_q,
+        tkv[r, 1:],
+        cupl_kv,
+    )
 
 
 def _exchange(
@@ -228,7 +243,7 @@ def _ring_forward(
     place inside the attention kernel (no separate merge pass). With more than two steps the
     running result is kept in fp32 and rounded to ``q.dtype`` once at the end.
     """
-    cp, r, scale = plan.cp_size, plan.cp_rank, plan.softmax_scale
+    cp, r, options = plan.cp_size, plan.cp_rank, plan.options
     acc: tuple[Tensor, Tensor] | None = None
     for i in range(cp):
         j = (r - i) % cp
@@ -239,10 +254,10 @@ def _ring_forward(
             if not overlap:
                 pending.wait()
         if acc is None:
-            out, lse = plan.steps[j].forward(q, k, v, scale)
+            out, lse = plan.steps[j].forward(q, k, v, options)
             acc = (out.float() if cp > 2 else out), lse
         else:
-            plan.steps[j].forward(q, k, v, scale, accumulate=acc)
+            plan.steps[j].forward(q, k, v, options, accumulate=acc)
         if pending is not None and received is not None:
             pending.wait()
             k, v = received
@@ -253,13 +268,20 @@ def _ring_forward(
 
 
 def _ring_backward(
-    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, plan: RingPlan, comm: RingComm,
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    plan: RingPlan,
+    comm: RingComm,
     overlap: bool,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor, Tensor]:
     """Reverse ring: at step ``i`` rank ``r`` holds K/V of rank ``(r + 1 + i) mod cp`` and the
     partial dK/dV of that block (summed over the ranks that held it before), adds its own part
     and passes both on; at the last step the block is its own and the gradient is complete."""
-    cp, r, scale = plan.cp_size, plan.cp_rank, plan.softmax_scale
+    cp, r, options = plan.cp_size, plan.cp_rank, plan.options
     dq_acc: Tensor | None = None
     dkv: tuple[Tensor, Tensor] | None = None
     for i in range(cp):
@@ -275,7 +297,7 @@ def _ring_backward(
         pending = comm.start(ops)
         if not overlap:
             pending.wait()
-        dq_i, dk_i, dv_i = plan.steps[j].backward(do, q, k, v, out, lse, scale)
+        dq_i, dk_i, dv_i = plan.steps[j].backward(do, q, k, v, out, lse, options)
         if dq_acc is None:  # two parts: one add in q.dtype rounds exactly like an fp32 sum + cast
             dq_acc = dq_i if cp == 2 else dq_i.float()
         elif i + 1 == cp and dq_acc.dtype != q.dtype:  # last part: round once into q.dtype
@@ -299,7 +321,7 @@ def _ring_backward(
 
 
 def _single_forward(q: Tensor, k: Tensor, v: Tensor, plan: RingPlan) -> tuple[Tensor, Tensor]:
-    out, lse = plan.steps[0].forward(q, k, v, plan.softmax_scale)
+    out, lse = plan.steps[0].forward(q, k, v, plan.options)
     _clean_padding(plan, out)
     return out, lse
 
@@ -329,7 +351,7 @@ class RingAttentionFunction(torch.autograd.Function):
         dout = dout.contiguous()
         if plan.cp_size == 1:
             q, k, v, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
-            dq, dk, dv = plan.steps[0].backward(dout, q, k, v, out, lse, plan.softmax_scale)
+            dq, dk, dv = plan.steps[0].backward(dout, q, k, v, out, lse, plan.options)
             _clean_padding(plan, grads=(dq, dk, dv))
         else:
             q, k_last, v_last, out, lse = ctx.saved_tensors  # type: ignore[attr-defined]
@@ -401,15 +423,25 @@ def ring_attention(
         >>> out_r = thd.cp.ring_attention(q_r, k_r, v_r, cu, cu, cup, cup, causal=True)
     """
     grp = resolve_group(_FN, group)
-    comm = RingComm(grp)
+    comm = ring_comm(grp, q)  # the transport: chosen on the first call with grp, then cached
     cp = comm.size
     sync_ok = not is_capturing() and (
         q.device.type != "cuda" or max_seqlen_q is None or max_seqlen_kv is None
     )
     error: Exception | None = None
     try:
-        check_metadata(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-                        causal, max_seqlen_q, max_seqlen_kv)  # fmt: skip
+        check_metadata(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            cu_seqlens_q_padded,
+            cu_seqlens_kv_padded,
+            causal,
+            max_seqlen_q,
+            max_seqlen_kv,
+        )
     except ThdError as exc:
         error = exc
     if sync_ok and cp > 1:
@@ -417,21 +449,38 @@ def ring_attention(
     elif error is not None:
         raise error
     if sync_ok:
-        check_values(cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, cp,
-                      q.shape[0], k.shape[0], causal, max_seqlen_q, max_seqlen_kv)  # fmt: skip
+        check_values(
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            cu_seqlens_q_padded,
+            cu_seqlens_kv_padded,
+            cp,
+            q.shape[0],
+            k.shape[0],
+            causal,
+            max_seqlen_q,
+            max_seqlen_kv,
+        )
     cup_q = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
     cup_kv = cu_seqlens_kv if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded
     pad = _resolve_pad(pad_between_seqs, cu_seqlens_q, cu_seqlens_q_padded, cp)
     if pad_between_seqs is None and not pad:
         pad = _resolve_pad(None, cu_seqlens_kv, cu_seqlens_kv_padded, cp)
     plan = build_plan(
-        cu_seqlens_q, cu_seqlens_kv, cup_q, cup_kv, cp_size=cp, cp_rank=comm.rank, causal=bool(causal),
-        pad_between_seqs=pad, max_seqlen_q=resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        cup_q,
+        cup_kv,
+        cp_size=cp,
+        cp_rank=comm.rank,
+        causal=bool(causal),
+        pad_between_seqs=pad,
+        max_seqlen_q=resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
         max_seqlen_kv=resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
         softmax_scale=float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale),
         max_slot_q=max_len(cup_q) if sync_ok and pad and cp > 1 else None,
         max_slot_kv=max_len(cup_kv) if sync_ok and pad and cp > 1 else None,
-    )  # fmt: skip
+    )
     path_counts["single" if cp == 1 else "rank_counts" if plan.exact else "fast"] += 1
     out, lse = RingAttentionFunction.apply(q, k, v, plan, comm, bool(_overlap))
     return (out, lse) if return_lse else out

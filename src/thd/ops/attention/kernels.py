@@ -430,7 +430,7 @@ def _attention_fwd_kernel(
             l_i = l_i * alpha + tl.exp2(sink - m_new)
             acc = acc * alpha[:, None]
             m_i = m_new
-        has_keys = l_i > 0.0
+        has_keys = l_i != 0.0  # NaN rows stay NaN
         l_safe = tl.where(has_keys, l_i, 1.0)
         out = acc / l_safe[:, None]
         lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))

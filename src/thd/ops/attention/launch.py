@@ -45,25 +45,26 @@ class Tile:
 # (64, 128 or 256); sequences are long when max_seqlen > 1024. Measured on one H200 with
 # benchmarks/tune_attention.py (bf16, 16 heads, causal packed documents).
 TILES: dict[tuple[str, int, bool], Tile] = {
-    ("fwd", 64, False): Tile(64, 64, 4, 3),
+    ("fwd", 64, False): Tile(128, 64, 4, 3),
     ("fwd", 64, True): Tile(128, 64, 4, 3),
     ("fwd", 128, False): Tile(64, 64, 4, 3),
-    ("fwd", 128, True): Tile(128, 128, 8, 3),
+    ("fwd", 128, True): Tile(128, 64, 8, 3),
     ("fwd", 256, False): Tile(64, 32, 4, 2),
     ("fwd", 256, True): Tile(64, 32, 4, 2),
     ("dkdv", 64, False): Tile(32, 64, 4, 2),
-    ("dkdv", 64, True): Tile(64, 128, 8, 3),
-    ("dkdv", 128, False): Tile(32, 128, 8, 2),
-    ("dkdv", 128, True): Tile(32, 128, 8, 2),
+    ("dkdv", 64, True): Tile(32, 64, 4, 2),
+    ("dkdv", 128, False): Tile(32, 64, 4, 2),
+    ("dkdv", 128, True): Tile(32, 64, 4, 2),
     ("dkdv", 256, False): Tile(32, 64, 4, 2),
     ("dkdv", 256, True): Tile(32, 64, 4, 2),
     ("dq", 64, False): Tile(64, 64, 4, 3),
     ("dq", 64, True): Tile(64, 64, 4, 3),
-    ("dq", 128, False): Tile(128, 32, 4, 3),
+    ("dq", 128, False): Tile(128, 64, 8, 3),
     ("dq", 128, True): Tile(128, 64, 8, 3),
     ("dq", 256, False): Tile(64, 32, 4, 2),
     ("dq", 256, True): Tile(64, 32, 4, 2),
 }
+_FP32_256_TILE = Tile(32, 32, 4, 1)  # fp32 with a 256-wide head: the only tile that fits
 LONG_SEQUENCES = 1024
 
 
@@ -113,14 +114,19 @@ _MAX_TILE_AREA_256 = {"fwd": 64 * 64, "dkdv": 32 * 64, "dq": 64 * 64}
 
 
 def _dim_class(meta: dict[str, int | bool]) -> int:
-    return max(64, int(meta["BLOCK_D"]), int(meta["BLOCK_DV"]))
+    """The padded head dim in units of 16-bit elements (fp32 tiles take twice the shared memory)."""
+    width = max(64, int(meta["BLOCK_D"]), int(meta["BLOCK_DV"]))
+    return width * 2 if meta["FP32"] else width
 
 
 def tile_for(kernel: str, meta: dict[str, int | bool], max_seqlen: int) -> Tile:
     """The tile a launch of ``kernel`` uses for these head dims and sequence lengths."""
     if _INTERPRET:
         return _INTERPRETER_TILE
-    return TILES[(kernel, _dim_class(meta), max_seqlen > LONG_SEQUENCES)]
+    dim_class = _dim_class(meta)
+    if dim_class > 256:
+        return _FP32_256_TILE
+    return TILES[(kernel, dim_class, max_seqlen > LONG_SEQUENCES)]
 
 
 def _prune(kernel: str):  # type: ignore[no-untyped-def]
@@ -134,9 +140,11 @@ def _prune(kernel: str):  # type: ignore[no-untyped-def]
     return prune
 
 
-# How the non-deterministic backward adds dQ (see kernels.py): 1 per-element atomics (the
-# interpreter), 2 one bulk TMA reduction per tile (GPU). The deterministic backward uses 0.
-FAST_DQ_MODE = 1 if _INTERPRET else int(os.environ.get("THD_DQ_MODE", "2"))
+# How the non-deterministic backward adds dQ (see kernels.py): 0 its own kernel (as the
+# deterministic backward always does), 1 per-element atomics, 2 one bulk TMA reduction per tile.
+# Mode 0 on the GPU: on the H200 (f2af2bb) the split kernels beat per-element atomics (run 1 of
+# benchmarks/tune_attention.py); the TMA reduction is opt-in until it is measured.
+FAST_DQ_MODE = 1 if _INTERPRET else int(os.environ.get("THD_DQ_MODE", "0"))
 _allocator_ready = False
 
 
@@ -180,16 +188,17 @@ else:
 def _launch(kernel: str, rows: int, num_heads: int, num_seqs: int, meta: dict, *args: object) -> None:
     """Launch ``kernel`` on a ``(row blocks, heads, sequences + 1)`` grid."""
     fn = _KERNELS[kernel]
+    constexprs = {name: value for name, value in meta.items() if name != "FP32"}
     if _AUTOTUNE:
         block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
         grid = lambda m: (max(1, triton.cdiv(rows, m[block])), num_heads, num_seqs + 1)
-        fn[grid](*args, **meta)
+        fn[grid](*args, **constexprs)
         return
     tile = tile_for(kernel, meta, rows)
     block = tile.block_n if kernel == "dkdv" else tile.block_m
     fn[(max(1, triton.cdiv(rows, block)), num_heads, num_seqs + 1)](
         *args,
-        **meta,
+        **constexprs,
         BLOCK_M=tile.block_m,
         BLOCK_N=tile.block_n,
         num_warps=tile.num_warps,
@@ -216,6 +225,7 @@ def _meta(q: Tensor, k: Tensor, v: Tensor, options: AttentionOptions) -> dict[st
         "HAS_RIGHT": options.window_right >= 0,
         "SOFTCAP": options.softcap > 0.0,
         "UPCAST": _INTERPRET and q.dtype == torch.bfloat16,
+        "FP32": q.dtype == torch.float32,
     }
 
 
