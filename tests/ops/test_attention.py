@@ -402,6 +402,8 @@ def test_attention_custom_ops_pass_opcheck() -> None:
         "causal": True,
         "softmax_scale": 32**-0.5,
         "sinks": None,
+        "positions_q": None,
+        "positions_kv": None,
         "window_left": -1,
         "window_right": -1,
         "softcap": 0.0,

@@ -149,6 +149,43 @@ def test_rejects_bad_variant_arguments(change: dict, error: type[Exception], mat
         thd.attention(q, k, v, **{**layout.kwargs(), **change})
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"causal": True}, {"causal": True, "window_size": (7, 0)}, {"window_size": (5, 9)}],
+    ids=["causal", "window-causal", "window-both"],
+)
+def test_positions_place_query_chunks_of_a_longer_sequence(options: dict) -> None:
+    """Queries ``[a, a + n)`` of a sequence against all its keys, placed with ``positions``, give
+    rows ``a .. a + n`` of attention over the whole sequence."""
+    from thd.ops.attention import AttentionOptions, VarlenLayout, attention_forward
+
+    lens, starts, n = [40, 29], [11, 0], [13, 29]
+    full = make_layout("full", lens)
+    q, k, v, _ = make_qkv(full, 2, 1, 32, 32, torch.float32, poison=None)
+    want = reference.attention(q, k, v, **full.kwargs(), **options)
+    rows = torch.cat(
+        [torch.arange(s0 + off, s0 + off + m) for s0, off, m in zip([0, 40], starts, n, strict=True)]
+    )
+    cu_q = torch.tensor([0, n[0], n[0] + n[1]], dtype=torch.int32)
+    cu_kv = full.cu("kv")[0]
+    layout = VarlenLayout(
+        cu_q,
+        cu_kv,
+        None,
+        None,
+        max(n),
+        max(lens),
+        torch.tensor(starts, dtype=torch.int32),
+        torch.zeros(2, dtype=torch.int32),
+    )
+    opts = AttentionOptions(32**-0.5, options.get("causal", False), options.get("window_size", (-1, -1)))
+    for backend in ("triton", "reference"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("THD_ATTENTION_BACKEND", backend)
+            got, _ = attention_forward(q[rows], k, v, layout, opts)
+        assert_close(got, want[rows], backend, **tolerance(torch.float32))
+
+
 # ----------------------------------------------------------------------------- GPU, realistic sizes
 
 _GPU_LAYOUT = make_layout("docs", [1000, 64, 3000, 1, 517], pad_q=[24, 0, 8, 127, 11], capacity_q=5)

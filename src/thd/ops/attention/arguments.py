@@ -128,3 +128,23 @@ def check_call(
     _int_or_none(fn, "max_seqlen_kv", layout.max_seqlen_kv)
     if sinks is not None:
         _check_sinks(fn, q, sinks)
+    _check_positions(fn, q, layout)
+
+
+def _check_positions(fn: str, q: Tensor, layout: VarlenLayout) -> None:
+    given = [layout.positions_q is not None, layout.positions_kv is not None]
+    if not any(given):
+        return
+    if not all(given):
+        raise ThdValueError(f"{fn}: positions_q and positions_kv: expected both or neither, got only one")
+    want = [layout.cu_seqlens_q.shape[0] - 1]
+    for name, t in (("positions_q", layout.positions_q), ("positions_kv", layout.positions_kv)):
+        assert t is not None
+        if (
+            not isinstance(t, Tensor)
+            or t.dtype != torch.int32
+            or list(t.shape) != want
+            or t.device != q.device
+        ):
+            got = f"{t.dtype} {list(t.shape)} on {t.device}" if isinstance(t, Tensor) else type(t).__name__
+            raise ThdValueError(f"{fn}: {name}: expected int32 {want} on {q.device}, got {got}")

@@ -184,6 +184,8 @@ def _unflat(
     cu_kv,
     cup_q,
     cup_kv,
+    pos_q,
+    pos_kv,
     max_q,
     max_kv,
     causal,
@@ -193,7 +195,7 @@ def _unflat(
     softcap,  # type: ignore[no-untyped-def]
     deterministic,
 ) -> tuple[VarlenLayout, AttentionOptions]:
-    layout = VarlenLayout(cu_q, cu_kv, cup_q, cup_kv, max_q, max_kv)
+    layout = VarlenLayout(cu_q, cu_kv, cup_q, cup_kv, max_q, max_kv, pos_q, pos_kv)
     return layout, AttentionOptions(scale, causal, (left, right), softcap, deterministic)
 
 
@@ -207,6 +209,8 @@ def _attention_fwd_op(
     cu_seqlens_kv: Tensor,
     cu_seqlens_q_padded: Tensor | None,
     cu_seqlens_kv_padded: Tensor | None,
+    positions_q: Tensor | None,
+    positions_kv: Tensor | None,
     max_seqlen_q: int,
     max_seqlen_kv: int,
     causal: bool,
@@ -221,6 +225,8 @@ def _attention_fwd_op(
         cu_seqlens_kv,
         cu_seqlens_q_padded,
         cu_seqlens_kv_padded,
+        positions_q,
+        positions_kv,
         max_seqlen_q,
         max_seqlen_kv,
         causal,
@@ -253,6 +259,8 @@ def _attention_bwd_op(
     cu_seqlens_kv: Tensor,
     cu_seqlens_q_padded: Tensor | None,
     cu_seqlens_kv_padded: Tensor | None,
+    positions_q: Tensor | None,
+    positions_kv: Tensor | None,
     max_seqlen_q: int,
     max_seqlen_kv: int,
     causal: bool,
@@ -268,6 +276,8 @@ def _attention_bwd_op(
         cu_seqlens_kv,
         cu_seqlens_q_padded,
         cu_seqlens_kv_padded,
+        positions_q,
+        positions_kv,
         max_seqlen_q,
         max_seqlen_kv,
         causal,
@@ -310,7 +320,7 @@ def _save(
 def _grads(ctx, dout: Tensor, backward_fn) -> tuple[Tensor | None, ...]:  # type: ignore[no-untyped-def]
     """``(dq, dk, dv, dsinks)`` from the saved context, by ``backward_fn`` (the op or the function)."""
     q, k, v, sinks, out, lse, *cu = ctx.saved_tensors
-    layout = VarlenLayout(*cu, *ctx.max_seqlens)
+    layout = VarlenLayout(*cu[:4], *ctx.max_seqlens, *cu[4:])
     options: AttentionOptions = ctx.options
     dq, dk, dv, dsinks = backward_fn(dout.contiguous(), q, k, v, out, lse, sinks, *_flat(layout, options))
     return dq, dk, dv, (dsinks if sinks is not None else None)
@@ -324,7 +334,7 @@ def _op_setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-d
 
 def _op_backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def]
     del dlse  # lse is an auxiliary output; it carries no gradient
-    return (*_grads(ctx, dout, _attention_bwd_op), *([None] * 12))
+    return (*_grads(ctx, dout, _attention_bwd_op), *([None] * 14))
 
 
 _attention_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context)

@@ -16,7 +16,8 @@ the device (:func:`_span`), so an invalid layout on the unvalidated path gives g
 the outputs but never a read or write outside q, k, v, out, lse or the gradients.
 
 Visibility: query ``i`` of a sequence sees key ``j`` iff ``j - i`` lies in
-``[off - left, off + right]`` with ``off = Lk - Lq`` (bottom-right alignment). ``causal`` is
+``[off - left, off + right]`` with ``off = Lk - Lq`` (bottom-right alignment), or
+``off = pos_q[b] - pos_k[b]`` with ``HAS_POSITIONS`` (the ring's chunks of a longer sequence). ``causal`` is
 ``right = 0``; ``HAS_LEFT`` / ``HAS_RIGHT`` say whether a side is bounded. The key loop of a
 tile runs in three stages (:func:`_tile_ranges`): masked tiles on the left edge, tiles every
 row sees in full (no mask), masked tiles on the right edge (the causal diagonal and the end).
@@ -186,6 +187,15 @@ def _visible(r, c, num_keys, d_lo, d_hi, HAS_LO: tl.constexpr, HAS_HI: tl.conste
 
 
 @triton.jit
+def _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS: tl.constexpr):
+    """Key index minus query index of the pairs at equal positions: ``Lk - Lq`` (bottom-right
+    alignment), or ``pos_q[b] - pos_k[b]`` when the rows' first positions are given."""
+    if HAS_POSITIONS:
+        return tl.load(pos_q_ptr + b) - tl.load(pos_k_ptr + b)
+    return seqlen_k - seqlen_q
+
+
+@triton.jit
 def _scores(raw, sm_scale, softcap, SOFTCAP: tl.constexpr):
     """Scores in the log2 domain, and the tanh needed by the softcap's derivative."""
     if SOFTCAP:
@@ -263,6 +273,8 @@ def _attention_fwd_kernel(
     cu_k_ptr,
     cup_q_ptr,
     cup_k_ptr,
+    pos_q_ptr,
+    pos_k_ptr,
     rows_q,
     rows_k,
     stride_qt,
@@ -284,6 +296,7 @@ def _attention_fwd_kernel(
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -307,7 +320,7 @@ def _attention_fwd_kernel(
         return
     q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
     k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
-    offset = seqlen_k - seqlen_q
+    offset = _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS)
     d_lo = offset - window_left
     d_hi = offset + window_right
     kv_head = head // GROUP
@@ -581,6 +594,8 @@ def _attention_bwd_dkdv_kernel(
     cu_k_ptr,
     cup_q_ptr,
     cup_k_ptr,
+    pos_q_ptr,
+    pos_k_ptr,
     rows_q,
     rows_k,
     stride_qt,
@@ -608,6 +623,7 @@ def _attention_bwd_dkdv_kernel(
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -631,7 +647,7 @@ def _attention_bwd_dkdv_kernel(
         return
     k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
     q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
-    offset = seqlen_k - seqlen_q
+    offset = _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS)
     # Query r sees key c iff c - r in [offset - left, offset + right], i.e. r - c in
     # [-offset - right, -offset + left]: the same ranges with the sides swapped.
     d_lo = offset - window_left
@@ -845,6 +861,8 @@ def _attention_bwd_dq_kernel(
     cu_k_ptr,
     cup_q_ptr,
     cup_k_ptr,
+    pos_q_ptr,
+    pos_k_ptr,
     rows_q,
     rows_k,
     stride_qt,
@@ -868,6 +886,7 @@ def _attention_bwd_dq_kernel(
     HEAD_DIM_V: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr,
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -886,7 +905,7 @@ def _attention_bwd_dq_kernel(
         return
     q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
     k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
-    offset = seqlen_k - seqlen_q
+    offset = _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS)
     d_lo = offset - window_left
     d_hi = offset + window_right
     kv_head = head // GROUP

@@ -214,8 +214,17 @@ def _seq_bucket(max_seqlen: int) -> int:
     return triton.next_power_of_2(max(int(max_seqlen), 16))
 
 
-def _meta(q: Tensor, k: Tensor, v: Tensor, options: AttentionOptions) -> dict[str, int | bool]:
+def _positions(layout: VarlenLayout) -> tuple[Tensor, Tensor]:
+    if layout.positions_q is None or layout.positions_kv is None:
+        return layout.cu_seqlens_q, layout.cu_seqlens_kv  # unused: HAS_POSITIONS is False
+    return layout.positions_q, layout.positions_kv
+
+
+def _meta(
+    q: Tensor, k: Tensor, v: Tensor, layout: VarlenLayout, options: AttentionOptions
+) -> dict[str, int | bool]:
     return {
+        "HAS_POSITIONS": layout.positions_q is not None,
         "GROUP": q.shape[1] // k.shape[1],
         "HEAD_DIM": q.shape[2],
         "HEAD_DIM_V": v.shape[2],
@@ -257,7 +266,7 @@ def forward(
         out, lse = accumulate
     if num_rows == 0:
         return out, lse
-    meta = _meta(q, k, v, options)
+    meta = _meta(q, k, v, layout, options)
     assert layout.max_seqlen_q is not None
     _launch(
         "fwd",
@@ -275,6 +284,7 @@ def forward(
         layout.cu_seqlens_kv,
         layout.slots_q,
         layout.slots_kv,
+        *_positions(layout),
         num_rows,
         k.shape[0],
         q.stride(0),
@@ -316,7 +326,7 @@ def backward(
     atomic = dq_mode > 0
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else q.new_empty(q.shape)
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
-    meta = _meta(q, k, v, options)
+    meta = _meta(q, k, v, layout, options)
     delta = torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     variant = _variant_args(options)
@@ -348,6 +358,7 @@ def backward(
         layout.cu_seqlens_kv,
         layout.slots_q,
         layout.slots_kv,
+        *_positions(layout),
         q.shape[0],
         k.shape[0],
         q.stride(0),

@@ -16,7 +16,9 @@ class VarlenLayout:
     Sequence ``b`` has ``cu_seqlens_q[b+1] - cu_seqlens_q[b]`` real query rows starting at row
     ``cu_seqlens_q_padded[b]`` (``None``: slots are the sequences, no padding between them);
     likewise for keys and values. ``max_seqlen_*`` bound the real lengths (``None``: derive them
-    with one device-to-host read).
+    with one device-to-host read). ``positions_*`` (int32 ``[B]``, both or neither) place the
+    first query and key row of each sequence on one position axis, for windows and causal masks
+    over chunks of longer sequences (the ring); ``None`` aligns the last query with the last key.
     """
 
     cu_seqlens_q: Tensor
@@ -25,6 +27,8 @@ class VarlenLayout:
     cu_seqlens_kv_padded: Tensor | None = None
     max_seqlen_q: int | None = None
     max_seqlen_kv: int | None = None
+    positions_q: Tensor | None = None
+    positions_kv: Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -42,9 +46,16 @@ class VarlenLayout:
     def with_max_seqlens(self, max_seqlen_q: int, max_seqlen_kv: int) -> VarlenLayout:
         return replace(self, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
 
-    def tensors(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        """The four offset tensors, in the order of the custom ops' schema."""
-        return self.cu_seqlens_q, self.cu_seqlens_kv, self.cu_seqlens_q_padded, self.cu_seqlens_kv_padded
+    def tensors(self) -> tuple[Tensor | None, ...]:
+        """The offset and position tensors, in the order of the custom ops' schema."""
+        return (
+            self.cu_seqlens_q,
+            self.cu_seqlens_kv,
+            self.cu_seqlens_q_padded,
+            self.cu_seqlens_kv_padded,
+            self.positions_q,
+            self.positions_kv,
+        )
 
 
 @dataclass(frozen=True)

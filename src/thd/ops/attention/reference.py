@@ -53,11 +53,14 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _visible(lq: int, lk: int, options: AttentionOptions, device: torch.device) -> Tensor | None:
-    """``[Lq, Lk]`` mask of the keys each query sees (None: all of them)."""
+def _visible(
+    lq: int, lk: int, options: AttentionOptions, device: torch.device, diagonal: int
+) -> Tensor | None:
+    """``[Lq, Lk]`` mask of the keys each query sees (None: all of them); query ``i`` stands at
+    key index ``i + diagonal``."""
     if not options.is_masked:
         return None
-    rows = torch.arange(lq, device=device)[:, None] + (lk - lq)  # key position of each query
+    rows = torch.arange(lq, device=device)[:, None] + diagonal  # key index of each query
     cols = torch.arange(lk, device=device)[None, :]
     seen = torch.ones(lq, lk, dtype=torch.bool, device=device)
     if options.window_left >= 0:
@@ -67,21 +70,21 @@ def _visible(lq: int, lk: int, options: AttentionOptions, device: torch.device) 
     return seen
 
 
-def _scores(q: Tensor, k: Tensor, options: AttentionOptions, ct: torch.dtype) -> Tensor:
+def _scores(q: Tensor, k: Tensor, options: AttentionOptions, ct: torch.dtype, diagonal: int) -> Tensor:
     """``[H, Lq, Lk]`` scores, softcapped and masked (``-inf`` where a key is not seen)."""
     scores = torch.einsum("qhd,khd->hqk", q.to(ct), k.to(ct)) * options.softmax_scale
     if options.softcap > 0:
         scores = options.softcap * torch.tanh(scores / options.softcap)
-    seen = _visible(q.shape[0], k.shape[0], options, q.device)
+    seen = _visible(q.shape[0], k.shape[0], options, q.device, diagonal)
     return scores if seen is None else scores.masked_fill(~seen, float("-inf"))
 
 
 def _sequence_attention(
-    q: Tensor, k: Tensor, v: Tensor, options: AttentionOptions, sinks: Tensor | None
+    q: Tensor, k: Tensor, v: Tensor, options: AttentionOptions, sinks: Tensor | None, diagonal: int
 ) -> tuple[Tensor, Tensor]:
     """One sequence: q [Lq, H, D], k [Lk, H, D], v [Lk, H, Dv] -> out, lse [H, Lq]."""
     ct = _compute_dtype(q)
-    scores = _scores(q, k, options, ct)
+    scores = _scores(q, k, options, ct, diagonal)
     if sinks is not None:  # one more logit per row, with no value row
         sink_col = sinks.to(ct)[:, None, None].expand(-1, q.shape[0], 1)
         scores = torch.cat([scores, sink_col], dim=-1)
@@ -91,6 +94,18 @@ def _sequence_attention(
         probs = probs[..., :-1]
     out = torch.einsum("hqk,khd->qhd", probs, v.to(ct))
     return out, lse
+
+
+def _diagonals(
+    q_spans: list[tuple[int, int]],
+    kv_spans: list[tuple[int, int]],
+    positions_q: Tensor | None,
+    positions_kv: Tensor | None,
+) -> list[int]:
+    """Per sequence, the key index at the position of query 0 (host values)."""
+    if positions_q is None or positions_kv is None:
+        return [lk - lq for (_, lq), (_, lk) in zip(q_spans, kv_spans, strict=True)]
+    return [pq - pk for pq, pk in zip(positions_q.tolist(), positions_kv.tolist(), strict=True)]
 
 
 def _sees_a_key(lse: Tensor) -> Tensor:
@@ -118,10 +133,15 @@ def attention(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     sinks: Tensor | None = None,
+    positions_q: Tensor | None = None,
+    positions_kv: Tensor | None = None,
     return_lse: bool = False,
     deterministic: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Reference varlen attention, differentiable through autograd (``sinks`` included).
+
+    ``positions_q/kv`` (int32 ``[B]``): first positions of each sequence's query and key rows
+    (see :class:`~thd.ops.attention.params.VarlenLayout`); ``None`` aligns the last rows.
 
     Same contract as :func:`thd.attention`: ``out [Tq, Hq, Dv]`` in ``q.dtype`` and, with
     ``return_lse``, ``lse [Hq, Tq]`` in float32 (float64 for float64 inputs). Computes in
@@ -140,13 +160,14 @@ def attention(
     out = q.new_zeros(q.shape[0], num_heads, v.shape[-1], dtype=ct) + anchor
     lse = q.new_full((num_heads, q.shape[0]), float("-inf"), dtype=ct)
     q_spans, kv_spans = _spans(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
-    for (q0, lq), (k0, lk) in zip(q_spans, kv_spans, strict=True):
+    diagonals = _diagonals(q_spans, kv_spans, positions_q, positions_kv)
+    for (q0, lq), (k0, lk), diagonal in zip(q_spans, kv_spans, diagonals, strict=True):
         if lq == 0:
             continue
         qs = q[q0 : q0 + lq]
         ks = _expand_kv(k[k0 : k0 + lk], num_heads)
         vs = _expand_kv(v[k0 : k0 + lk], num_heads)
-        o_b, lse_b = _sequence_attention(qs, ks, vs, options, sinks)
+        o_b, lse_b = _sequence_attention(qs, ks, vs, options, sinks, diagonal)
         rows = torch.arange(q0, q0 + lq, device=q.device)
         out = out.index_copy(0, rows, o_b)
         lse = lse.index_copy(1, rows, lse_b)
@@ -173,6 +194,8 @@ def attention_forward(
         layout.cu_seqlens_kv,
         cu_seqlens_q_padded=layout.cu_seqlens_q_padded,
         cu_seqlens_kv_padded=layout.cu_seqlens_kv_padded,
+        positions_q=layout.positions_q,
+        positions_kv=layout.positions_kv,
         causal=options.causal,
         softmax_scale=options.softmax_scale,
         window_size=options.window_size,
@@ -212,7 +235,8 @@ def attention_backward(
     dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
     dsinks = None if sinks is None else torch.zeros(num_heads, dtype=torch.float32, device=q.device)
     q_spans, kv_spans = _spans(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
-    for (q0, lq), (k0, lk) in zip(q_spans, kv_spans, strict=True):
+    diagonals = _diagonals(q_spans, kv_spans, layout.positions_q, layout.positions_kv)
+    for (q0, lq), (k0, lk), diagonal in zip(q_spans, kv_spans, diagonals, strict=True):
         if lq == 0:
             continue
         qs, dos = q[q0 : q0 + lq].float(), do[q0 : q0 + lq].float()
@@ -229,7 +253,7 @@ def attention_backward(
         scores = raw
         if options.softcap > 0:
             scores = options.softcap * torch.tanh(raw / options.softcap)
-        seen = _visible(lq, lk, options, q.device)
+        seen = _visible(lq, lk, options, q.device, diagonal)
         if seen is not None:
             scores = scores.masked_fill(~seen, float("-inf"))
         probs = torch.where(_sees_a_key(lse_b)[..., None], torch.exp(scores - lse_b[..., None]), 0.0)
