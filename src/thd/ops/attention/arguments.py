@@ -12,34 +12,21 @@ import torch
 from torch import Tensor
 
 from thd.errors import ThdTypeError, ThdValueError
-from thd.layout import check_cu_metadata
-from thd.ops.attention.checks import check_qkv
+from thd.ops.attention.checks import (
+    check_head_dim,
+    check_layout_tensors,
+    check_max_seqlen,
+    check_qkv,
+    check_softmax_scale,
+)
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
-__all__ = ["MAX_HEAD_DIM", "check_call", "check_head_dim", "resolve_options"]
-
-MAX_HEAD_DIM = 256
-
-
-def check_head_dim(fn: str, name: str, dim: int) -> None:
-    """Any multiple of 8 from 8 to 256."""
-    if dim % 8 or not 8 <= dim <= MAX_HEAD_DIM:
-        raise ThdValueError(f"{fn}: {name}: expected a multiple of 8 from 8 to {MAX_HEAD_DIM}, got {dim}")
-
-
-def _int_or_none(fn: str, name: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ThdTypeError(f"{fn}: {name}: expected an int or None, got {type(value).__name__} {value!r}")
-    if int(value) < 0:
-        raise ThdValueError(f"{fn}: {name}: expected >= 0, got {int(value)}")
-    return int(value)
+__all__ = ["check_call", "resolve_options"]
 
 
 def _finite_real(fn: str, name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ThdTypeError(f"{fn}: {name}: expected a real number, got {type(value).__name__} {value!r}")
+        raise ThdTypeError(f"{fn}: {name}: expected a real number, got {type(value).__name__} {value!r:.60}")
     if not math.isfinite(float(value)):
         raise ThdValueError(f"{fn}: {name}: expected a finite number, got {value!r}")
     return float(value)
@@ -76,7 +63,8 @@ def resolve_options(
     """Checked options, with the default scale ``D ** -0.5``."""
     if not isinstance(q, Tensor):
         raise ThdTypeError(f"{fn}: q: expected a torch.Tensor, got {type(q).__name__}")
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else _finite_real(fn, "softmax_scale", softmax_scale)
+    scale = check_softmax_scale(fn, softmax_scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     cap = _finite_real(fn, "softcap", softcap)
     if cap < 0:
         raise ThdValueError(f"{fn}: softcap: expected >= 0 (0: off), got {cap}")
@@ -105,27 +93,11 @@ def check_call(
     check_qkv(fn, q, k, v)
     if q.dtype == torch.float64:
         raise ThdTypeError(f"{fn}: q dtype: expected fp16/bf16/fp32, got {q.dtype}")
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ThdValueError(f"{fn}: {name} device: expected {q.device} (as q), got {t.device}")
     check_head_dim(fn, "q/k head_dim", q.shape[2])
     check_head_dim(fn, "v head_dim", v.shape[2])
-    check_cu_metadata(
-        fn, layout.cu_seqlens_q, layout.cu_seqlens_q_padded, names=("cu_seqlens_q", "cu_seqlens_q_padded")
-    )
-    check_cu_metadata(
-        fn, layout.cu_seqlens_kv, layout.cu_seqlens_kv_padded, names=("cu_seqlens_kv", "cu_seqlens_kv_padded")
-    )
-    if layout.cu_seqlens_kv.shape != layout.cu_seqlens_q.shape:
-        raise ThdValueError(
-            f"{fn}: cu_seqlens_kv shape: expected {list(layout.cu_seqlens_q.shape)} (as cu_seqlens_q), "
-            f"got {list(layout.cu_seqlens_kv.shape)}"
-        )
-    for name, t in (("cu_seqlens_q", layout.cu_seqlens_q), ("cu_seqlens_kv", layout.cu_seqlens_kv)):
-        if t.device != q.device:
-            raise ThdValueError(f"{fn}: {name} device: expected {q.device} (as q), got {t.device}")
-    _int_or_none(fn, "max_seqlen_q", layout.max_seqlen_q)
-    _int_or_none(fn, "max_seqlen_kv", layout.max_seqlen_kv)
+    check_layout_tensors(fn, q, k, *layout.tensors()[:4])
+    check_max_seqlen(fn, "max_seqlen_q", layout.max_seqlen_q)
+    check_max_seqlen(fn, "max_seqlen_kv", layout.max_seqlen_kv)
     if sinks is not None:
         _check_sinks(fn, q, sinks)
     _check_positions(fn, q, layout)

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from thd._capture import is_capturing
 from thd._triton import runs_triton
+from thd.layout import check_layout_async
 from thd.layout import validate as validate_layout
 from thd.ops.attention import launch, reference
 from thd.ops.attention.arguments import check_call, resolve_options
@@ -55,7 +56,7 @@ def _max_seqlen(name: str, cu: Tensor, given: int | None) -> int:
             f"attention: {name} is None during CUDA-graph capture; pass the maximum real "
             "sequence length as an int (deriving it needs a device-to-host read)"
         )
-    if cu.numel() < 2:
+    if cu.numel() < 2 or cu.is_meta:  # meta tensors: shapes only, no lengths to read
         return 0
     return int((cu[1:] - cu[:-1]).max().item())
 
@@ -443,10 +444,13 @@ def attention(
     )
     options = resolve_options("attention", q, causal, softmax_scale, window_size, softcap, deterministic)
     check_call("attention", q, k, v, layout, options, sinks)
-    if (max_seqlen_q is None or max_seqlen_kv is None) and not is_capturing():
-        # A device-to-host read is paid here anyway: check the layouts' values with it.
-        validate_layout(cu_seqlens_q, cu_seqlens_q_padded, num_rows=q.shape[0])
-        validate_layout(cu_seqlens_kv, cu_seqlens_kv_padded, num_rows=k.shape[0])
+    if max_seqlen_q is None or max_seqlen_kv is None:
+        if not is_capturing():  # a device-to-host read is paid here anyway: check the values with it
+            validate_layout(cu_seqlens_q, cu_seqlens_q_padded, num_rows=q.shape[0])
+            validate_layout(cu_seqlens_kv, cu_seqlens_kv_padded, num_rows=k.shape[0])
+    else:  # no host read allowed: THD_VALIDATE=device asserts the layout on the device instead
+        check_layout_async("attention", cu_seqlens_q, cu_seqlens_q_padded, num_rows=q.shape[0])
+        check_layout_async("attention", cu_seqlens_kv, cu_seqlens_kv_padded, num_rows=k.shape[0])
     layout = _resolved(layout)
     if torch.compiler.is_compiling():
         out, lse = _attention_fwd_op(q, k, v, sinks, *_flat(layout, options))
