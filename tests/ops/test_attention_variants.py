@@ -33,8 +33,15 @@ def _run(fn: Any, q: Tensor, k: Tensor, v: Tensor, do: Tensor, sinks: Tensor | N
     return dict(zip(_OUT + _GRADS, [out, lse, *grads], strict=True))
 
 
-def _compare(layout: Layout, heads: tuple[int, int], dims: tuple[int, int], dtype: torch.dtype, device: str,
-             sinks: bool, **options: Any) -> None:  # fmt: skip
+def _compare(
+    layout: Layout,
+    heads: tuple[int, int],
+    dims: tuple[int, int],
+    dtype: torch.dtype,
+    device: str,
+    sinks: bool,
+    **options: Any,
+) -> None:
     gen = torch.Generator(device=device).manual_seed(0)
     q, k, v, do = make_qkv(layout, *heads, *dims, dtype, device, generator=gen)
     sink = torch.randn(heads[0], generator=gen, device=device) if sinks else None
@@ -186,6 +193,57 @@ def test_positions_place_query_chunks_of_a_longer_sequence(options: dict) -> Non
         assert_close(got, want[rows], backend, **tolerance(torch.float32))
 
 
+def test_variants_compile_fullgraph_and_pass_opcheck() -> None:
+    """``torch.compile(fullgraph=True)`` (aot_eager on CPU) through the custom ops with a window,
+    softcap and sinks gives the eager result and gradients (sinks included); the ops pass opcheck."""
+    layout = _CPU_LAYOUT
+    q, k, v, do = make_qkv(layout, 2, 1, 32, 32, torch.float32)
+    sinks = torch.randn(2)
+    kwargs = {**layout.kwargs(), "causal": True, "window_size": (9, 0), "softcap": 2.0, "deterministic": True}
+
+    def fn(q_: Tensor, k_: Tensor, v_: Tensor, **kw: Any) -> Any:
+        return thd.attention(q_, k_, v_, **kw)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    eager = _run(fn, q, k, v, do, sinks, kwargs)
+    got = _run(compiled, q, k, v, do, sinks, kwargs)
+    for name in _OUT + _GRADS:
+        assert torch.equal(got[name], eager[name]), name
+    fwd = torch.ops.thd.attention_fwd.default
+    args = (q.requires_grad_(), k, v, sinks.requires_grad_(), *layout.kwargs().values())
+    names = [a.name for a in fwd._schema.arguments]
+    values = dict(
+        zip(
+            [
+                "q",
+                "k",
+                "v",
+                "sinks",
+                "cu_seqlens_q",
+                "cu_seqlens_kv",
+                "cu_seqlens_q_padded",
+                "cu_seqlens_kv_padded",
+                "max_seqlen_q",
+                "max_seqlen_kv",
+            ],
+            args,
+            strict=True,
+        )
+    )
+    values |= {
+        "positions_q": None,
+        "positions_kv": None,
+        "causal": True,
+        "softmax_scale": 32**-0.5,
+        "window_left": 9,
+        "window_right": 0,
+        "softcap": 2.0,
+        "deterministic": True,
+    }
+    torch.library.opcheck(fwd, tuple(values[n] for n in names))
+
+
 # ----------------------------------------------------------------------------- GPU, realistic sizes
 
 _GPU_LAYOUT = make_layout("docs", [1000, 64, 3000, 1, 517], pad_q=[24, 0, 8, 127, 11], capacity_q=5)
@@ -211,7 +269,10 @@ def test_variants_match_reference_gpu(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dims", [(8, 8), (40, 72), (96, 96), (136, 120), (192, 128), (248, 256)],
-                         ids=lambda d: f"D{d[0]}-Dv{d[1]}")  # fmt: skip
+@pytest.mark.parametrize(
+    "dims",
+    [(8, 8), (40, 72), (96, 96), (136, 120), (192, 128), (248, 256)],
+    ids=lambda d: f"D{d[0]}-Dv{d[1]}",
+)
 def test_any_head_dim_gpu(dims: tuple[int, int]) -> None:
     _compare(_GPU_LAYOUT, (4, 2), dims, torch.bfloat16, "cuda", False, causal=True)
