@@ -11,9 +11,18 @@ from thd import layout as _layout
 from thd._capture import is_capturing
 from thd.cp.comm import RingComm
 from thd.errors import ThdDistributedError, ThdValueError
+from thd.ops.attention.arguments import _check_sinks, resolve_options
 from thd.ops.attention.checks import check_layout_tensors, check_max_seqlen, check_qkv
+from thd.ops.attention.params import AttentionOptions
 
-__all__ = ["check_metadata", "check_shards", "check_values", "max_len", "resolve_max_seqlen"]
+__all__ = [
+    "check_metadata",
+    "check_shards",
+    "check_values",
+    "check_variants",
+    "max_len",
+    "resolve_max_seqlen",
+]
 
 _FN = "ring_attention"
 
@@ -40,6 +49,22 @@ def check_metadata(
     check_layout_tensors(_FN, q, k, cu_q, cu_kv, cup_q, cup_kv)
     check_max_seqlen(_FN, "max_seqlen_q", max_q)
     check_max_seqlen(_FN, "max_seqlen_kv", max_kv)
+
+
+def check_variants(
+    q: Tensor,
+    causal: bool,
+    softmax_scale: object,
+    window_size: object,
+    softcap: object,
+    sinks: object,
+) -> AttentionOptions:
+    """The checks of :func:`thd.attention` for the scale, window, softcap and sinks (host only);
+    returns the resolved options (scale defaulted to ``D ** -0.5``)."""
+    options = resolve_options(_FN, q, causal, softmax_scale, window_size, softcap, False)
+    if sinks is not None:
+        _check_sinks(_FN, q, sinks)
+    return options
 
 
 def check_shards(comm: RingComm, q: Tensor, k: Tensor, v: Tensor, error: Exception | None) -> None:

@@ -1,10 +1,13 @@
 """Single-process simulation of every rank of the ring: an oracle for the ring's schedule.
 
 :func:`simulate_ring_attention` partitions a global batch, builds each rank's
-:class:`~thd.cp.ring.RingPlan`, and runs every (rank, K/V block) step of the forward and the
-backward with the same step arguments and merge as :mod:`thd.cp.ring`, but without any
+:class:`~thd.cp.ring.RingPlan`, and runs every launch of every (rank, K/V block) step of the
+forward and the backward with the same launch arguments as :mod:`thd.cp.ring` (layouts,
+positions, skipped window pairs, the launches that carry the sinks), but without any
 communication (the K/V block of rank ``j`` is read directly, and each block's dK/dV is summed
-over all ranks). It checks sections, per-step counts, offsets and the merge against
+over all ranks). Each launch writes a fresh partial result and the partials are merged by
+:func:`thd.ops.lse_merge.merge_partials` (the ring folds them in place instead), so the merge is
+checked independently. It checks sections, per-launch counts, offsets and positions against
 :func:`thd.reference.attention` on the unpartitioned batch without spawning processes. Not fast.
 """
 
@@ -32,6 +35,8 @@ class SimulatedRing:
     dk: list[Tensor] | None
     dv: list[Tensor] | None
     plans: list[RingPlan]
+    dsinks: list[Tensor] | None = None
+    """Per-rank parts of the sinks gradient (the ring returns these; their sum is the gradient)."""
 
     def gather(self, name: str, cu_seqlens_padded: Tensor) -> Tensor:
         """The global ``[T, ...]`` tensor of ``name`` (``out``, ``dq``, ``dk``, ``dv``)."""
@@ -56,13 +61,19 @@ def simulate_ring_attention(
     causal: bool = True,
     softmax_scale: float | None = None,
     pad_between_seqs: bool = True,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: Tensor | None = None,
+    read_layout: bool = True,
     do: Tensor | None = None,
 ) -> SimulatedRing:
-    """Run the ring's per-rank steps for all ``cp_size`` ranks on the global ``q, k, v``.
+    """Run the ring's per-rank launches for all ``cp_size`` ranks on the global ``q, k, v``.
 
     ``q, k, v`` and ``do`` (optional; enables the backward) are global ``[T, H, D]`` buffers
-    laid out by ``cu_seqlens_*_padded``. Returns per-rank shards of ``out``, ``lse`` and, with
-    ``do``, ``dq, dk, dv``.
+    laid out by ``cu_seqlens_*_padded``. ``read_layout`` is :func:`~thd.cp.ring.build_plan`'s
+    (``True``: window pairs skipped from the layout's values, as on the validated path;
+    ``False``: only those ruled out whatever the lengths, as under capture). Returns per-rank
+    shards of ``out``, ``lse`` and, with ``do``, ``dq, dk, dv`` (and ``dsinks`` parts).
     """
     cp = cp_size
     scale = float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale)
@@ -81,6 +92,10 @@ def simulate_ring_attention(
             softmax_scale=scale,
             max_slot_q=_max_len(cu_seqlens_q_padded) if r % 2 else None,  # both bound paths
             max_slot_kv=_max_len(cu_seqlens_kv_padded) if r % 2 else None,
+            window_size=window_size,
+            softcap=softcap,
+            sinks=sinks is not None,
+            read_layout=read_layout,
         )
         for r in range(cp)
     ]
@@ -89,8 +104,14 @@ def simulate_ring_attention(
     vs = [partition(v, cu_seqlens_kv_padded, cp, r) for r in range(cp)]
     outs, lses = [], []
     for r, plan in enumerate(plans):
-        parts = [plan.steps[(r - i) % cp].forward(qs[r], ks[(r - i) % cp], vs[(r - i) % cp], plan.options)
-                 for i in range(cp)]  # fmt: skip
+        parts = [
+            launch.forward(qs[r], ks[j], vs[j], plan.options, sinks)
+            for j in ((r - i) % cp for i in range(cp))
+            for launch in plan.steps[j]
+        ]
+        if not parts:  # a windowed plan with nothing to compute
+            empty = qs[r].new_zeros(qs[r].shape[0], qs[r].shape[1], vs[r].shape[2])
+            parts = [(empty, torch.full((q.shape[1], qs[r].shape[0]), float("-inf"), device=q.device))]
         out, lse = merge_partials(parts, q.dtype)
         outs.append(out)
         lses.append(lse)
@@ -100,12 +121,18 @@ def simulate_ring_attention(
     dqs = [torch.zeros_like(x, dtype=torch.float32) for x in qs]
     dks = [torch.zeros_like(x, dtype=torch.float32) for x in ks]
     dvs = [torch.zeros_like(x, dtype=torch.float32) for x in vs]
+    dsinks = [torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) for _ in range(cp)]
     for r, plan in enumerate(plans):
         for j in range(cp):
-            dq, dk, dv = plan.steps[j].backward(dos[r], qs[r], ks[j], vs[j], outs[r], lses[r], plan.options)
-            dqs[r] += dq
-            dks[j] += dk
-            dvs[j] += dv
+            for launch in plan.steps[j]:
+                dq, dk, dv, ds = launch.backward(
+                    dos[r], qs[r], ks[j], vs[j], outs[r], lses[r], plan.options, sinks
+                )
+                dqs[r] += dq
+                dks[j] += dk
+                dvs[j] += dv
+                if ds is not None:
+                    dsinks[r] += ds
     return SimulatedRing(
         outs,
         lses,
@@ -113,4 +140,5 @@ def simulate_ring_attention(
         [x.to(k.dtype) for x in dks],
         [x.to(v.dtype) for x in dvs],
         plans,
+        None if sinks is None else [x.to(sinks.dtype) for x in dsinks],
     )
