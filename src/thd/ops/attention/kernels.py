@@ -207,6 +207,29 @@ def _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS: tl.con
 
 
 @triton.jit
+def _sequence_pair(
+    cu_q_ptr,
+    cup_q_ptr,
+    cu_k_ptr,
+    cup_k_ptr,
+    pos_q_ptr,
+    pos_k_ptr,
+    b,
+    rows_q,
+    rows_k,
+    window_left,
+    window_right,
+    HAS_POSITIONS: tl.constexpr,
+):
+    """Sequence ``b``'s query and key spans (clamped) and its visible band ``[d_lo, d_hi]`` of
+    ``key index - query index``."""
+    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
+    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
+    offset = _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS)
+    return q_start, seqlen_q, k_start, seqlen_k, offset - window_left, offset + window_right
+
+
+@triton.jit
 def _scores(raw, sm_scale, softcap, SOFTCAP: tl.constexpr):
     """Scores in the log2 domain, and the tanh needed by the softcap's derivative."""
     if SOFTCAP:
@@ -329,11 +352,20 @@ def _attention_fwd_kernel(
         _fill_padding(lse_head, 1, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, float("-inf"), 1, 1, BLOCK_M)
     if b == num_seqs:
         return
-    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
-    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
-    offset = _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS)
-    d_lo = offset - window_left
-    d_hi = offset + window_right
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
+        cu_q_ptr,
+        cup_q_ptr,
+        cu_k_ptr,
+        cup_k_ptr,
+        pos_q_ptr,
+        pos_k_ptr,
+        b,
+        rows_q,
+        rows_k,
+        window_left,
+        window_right,
+        HAS_POSITIONS,
+    )
     kv_head = head // GROUP
     q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
     k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
@@ -602,13 +634,21 @@ def _attention_bwd_dkdv_kernel(
     )
     if b == num_seqs:
         return
-    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
-    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
-    offset = _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS)
-    # Query r sees key c iff c - r in [offset - left, offset + right], i.e. r - c in
-    # [-offset - right, -offset + left]: the same ranges with the sides swapped.
-    d_lo = offset - window_left
-    d_hi = offset + window_right
+    # Query r sees key c iff c - r in [d_lo, d_hi], i.e. r - c in [-d_hi, -d_lo].
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
+        cu_q_ptr,
+        cup_q_ptr,
+        cu_k_ptr,
+        cup_k_ptr,
+        pos_q_ptr,
+        pos_k_ptr,
+        b,
+        rows_q,
+        rows_k,
+        window_left,
+        window_right,
+        HAS_POSITIONS,
+    )
     k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
     v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
     offs_d = tl.arange(0, BLOCK_D)
@@ -792,11 +832,20 @@ def _attention_bwd_dq_kernel(
     )
     if b == num_seqs:
         return
-    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
-    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
-    offset = _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS)
-    d_lo = offset - window_left
-    d_hi = offset + window_right
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
+        cu_q_ptr,
+        cup_q_ptr,
+        cu_k_ptr,
+        cup_k_ptr,
+        pos_q_ptr,
+        pos_k_ptr,
+        b,
+        rows_q,
+        rows_k,
+        window_left,
+        window_right,
+        HAS_POSITIONS,
+    )
     kv_head = head // GROUP
     q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
     do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
