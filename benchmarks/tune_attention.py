@@ -1,8 +1,10 @@
-"""Tile sweep for the attention kernels: times every candidate tile of ``thd.ops.attention.launch``
-per kernel on packed causal documents, and prints the table ``launch.TILES`` should hold.
+"""Tile sweep for the attention kernels: times every tile of :data:`SWEEP` per kernel on packed
+causal documents, and prints the table ``launch.TILES`` should hold.
 
-Each kernel is timed alone (forward; dK/dV with atomic dQ; dK/dV + dQ kernel for the
-deterministic backward), calls back to back between one pair of CUDA events, median of 3.
+Each kernel's tile is swept alone (forward; the backward with that dK/dV or dQ tile), calls back
+to back between one pair of CUDA events, median of 3. Every tile's results are compared with
+those of the table's tiles before the sweep (relative error, ``correct`` within bf16 tolerance);
+wrong or failing tiles are never chosen.
 
     PYTHONPATH=src:. python3 benchmarks/tune_attention.py --out tune.json
 """
@@ -23,6 +25,51 @@ from thd.ops.attention import launch
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 MIXES = [(16384, 64, 1024), (16384, 256, 4096), (32768, 512, 8192)]
+T = launch.Tile
+# Swept tiles per kernel: the autotuner's candidates plus tensor-descriptor (TMA) and
+# warp-specialized variants. Warp-specialized ones come last: a tile that faults the device would
+# end the process, and every result before it is already written.
+SWEEP: dict[str, list[launch.Tile]] = {
+    "fwd": [
+        T(128, 64, 8, 3),
+        T(64, 64, 4, 3),
+        T(128, 64, 4, 3),
+        T(128, 128, 8, 2),
+        T(128, 64, 8, 3, tma=True),
+        T(128, 64, 8, 4, tma=True),
+        T(128, 128, 8, 2, tma=True),
+        T(128, 128, 8, 3, tma=True),
+        T(64, 64, 4, 3, tma=True),
+        T(128, 64, 4, 3, tma=True),
+        T(128, 64, 8, 3, tma=True, warp_specialize=True),
+        T(128, 128, 8, 2, tma=True, warp_specialize=True),
+        T(128, 64, 4, 3, tma=True, warp_specialize=True),
+    ],
+    "dkdv": [
+        T(32, 64, 4, 2),
+        T(32, 64, 4, 3),
+        T(32, 128, 4, 3),
+        T(64, 128, 8, 3),
+        T(32, 64, 4, 3, tma=True),
+        T(32, 128, 4, 3, tma=True),
+        T(32, 128, 4, 4, tma=True),
+        T(64, 64, 4, 3, tma=True),
+        T(64, 128, 8, 3, tma=True),
+        T(32, 128, 8, 3, tma=True),
+        T(32, 64, 4, 3, tma=True, warp_specialize=True),
+        T(64, 128, 8, 2, tma=True, warp_specialize=True),
+    ],
+    "dq": [
+        T(128, 64, 8, 3),
+        T(64, 64, 4, 3),
+        T(128, 64, 8, 3, tma=True),
+        T(128, 32, 4, 3, tma=True),
+        T(64, 64, 4, 3, tma=True),
+        T(128, 64, 8, 4, tma=True),
+        T(128, 128, 8, 2, tma=True),
+        T(128, 64, 8, 3, tma=True, warp_specialize=True),
+    ],
+}
 
 
 def _layout(tokens: int, lo: int, hi: int, pad_to: int, device: str) -> tuple[VarlenLayout, int, int]:
@@ -54,24 +101,45 @@ def _time_ms(fn, calls: int = 10, trials: int = 3) -> float:  # type: ignore[no-
     return statistics.median(times)
 
 
-def _with_tile(kernel: str, key: tuple[int, bool], tile: launch.Tile, fn):  # type: ignore[no-untyped-def]
+def _max_error(got: object, want: object) -> float:
+    """Largest |difference| between two (tuples of) tensors relative to the largest |wanted| value of
+    that tensor, NaN counted as infinite."""
+    pairs = zip(got, want, strict=True) if isinstance(got, tuple) else [(got, want)]
+    worst = 0.0
+    for a, b in pairs:
+        if a is None:
+            continue
+        a, b = a.float(), b.float()
+        diff = torch.where(a == b, 0.0, (a - b).abs()).nan_to_num(nan=float("inf"))  # -inf == -inf
+        scale = float(b.abs().nan_to_num(posinf=0.0).max().clamp_min(1e-6))
+        worst = max(worst, float(diff.max()) / scale)
+    return worst
+
+
+def _with_tile(kernel: str, key: tuple[int, bool], tile: launch.Tile, fn, want):  # type: ignore[no-untyped-def]
     old = launch.TILES[(kernel, *key)]
     launch.TILES[(kernel, *key)] = tile
     try:
-        return _time_ms(fn)
+        error = _max_error(fn(), want)
+        return {"ms": _time_ms(fn), "max_rel_error": error, "correct": error <= _TOLERANCE}
     except Exception as exc:  # a tile that does not compile or fit is recorded, not fatal
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     finally:
         launch.TILES[(kernel, *key)] = old
 
 
-def _sweep_kernel(kernel: str, key: tuple[int, bool], fn, flops: float) -> dict:  # type: ignore[no-untyped-def]
+# bf16 outputs and gradients: tiles differ in summation order only.
+_TOLERANCE = 2e-2
+
+
+def _sweep_kernel(kernel: str, key: tuple[int, bool], fn, flops: float, want) -> dict:  # type: ignore[no-untyped-def]
     results: dict = {}
-    for tile in launch.CANDIDATES[kernel]:
-        ms = _with_tile(kernel, key, tile, fn)
-        name = f"{tile.block_m}x{tile.block_n}w{tile.num_warps}s{tile.num_stages}"
-        results[name] = ms if isinstance(ms, str) else {"ms": ms, "tflops": flops / ms / 1e9}
-        print(kernel, key, name, results[name], flush=True)
+    for tile in SWEEP[kernel]:
+        res = _with_tile(kernel, key, tile, fn, want)
+        if isinstance(res, dict):
+            res["tflops"] = flops / res["ms"] / 1e9
+        results[tile.name] = res
+        print(kernel, key, tile.name, res, flush=True)
     return results
 
 
@@ -101,7 +169,14 @@ def _mix(tokens: int, lo: int, hi: int, head_dim: int, heads: int, pad_to: int, 
         bwd = _with_dq_mode(mode, lambda o=options: launch.backward(do, q, k, v, out, lse, layout, o))
         calls[f"dkdv-mode{mode}"] = (bwd, 2.5 * flops_fwd)
     calls["dq"] = (lambda: launch.backward(do, q, k, v, out, lse, layout, det), 2.5 * flops_fwd)
-    tiles = {name: _sweep_kernel(name.split("-")[0], key, fn, flops) for name, (fn, flops) in calls.items()}
+    # The oracle for every tile: the results of the table's tiles before the sweep.
+    wanted = {
+        name: tuple(t.clone() if t is not None else None for t in fn()) for name, (fn, _) in calls.items()
+    }
+    tiles = {
+        name: _sweep_kernel(name.split("-")[0], key, fn, flops, wanted[name])
+        for name, (fn, flops) in calls.items()
+    }
     return {"tokens": tokens, "docs": f"{lo}-{hi}", "head_dim": head_dim, "pad_to": pad_to, "tiles": tiles}
 
 
@@ -110,17 +185,19 @@ def sweep(head_dim: int, heads: int, pad_to: int, modes: list[int]) -> list[dict
 
 
 def best_tiles(sweeps: list[dict]) -> tuple[dict[str, list[int]], int]:
-    """Per (kernel, head-dim class, length class) the tile with the least total time over the mixes,
-    and the dQ mode whose best tiles give the fastest backward overall."""
+    """Per (kernel, head-dim class, length class) the correct tile with the least total time over
+    the mixes (tiles that failed or were wrong on any mix are out), and the dQ mode whose best tiles
+    give the fastest backward overall."""
     totals: dict[tuple[str, str], dict[str, float]] = {}
     for rec in sweeps:
         length = "long" if int(rec["docs"].split("-")[1]) > launch.LONG_SEQUENCES else "short"
         group = f"{max(64, rec['head_dim'])},{length}"
         for kernel, results in rec["tiles"].items():
             for name, res in results.items():
-                if isinstance(res, dict):
-                    slot = totals.setdefault((kernel, group), {})
-                    slot[name] = slot.get(name, 0.0) + res["ms"]
+                slot = totals.setdefault((kernel, group), {})
+                ok = isinstance(res, dict) and res.get("correct", True)
+                slot[name] = slot.get(name, 0.0) + (res["ms"] if ok else float("inf"))
+    totals = {key: {n: ms for n, ms in times.items() if ms != float("inf")} for key, times in totals.items()}
     best = {key: min(times, key=times.__getitem__) for key, times in totals.items() if times}
     mode_ms: dict[int, float] = {}
     for (kernel, group), name in best.items():
@@ -132,10 +209,9 @@ def best_tiles(sweeps: list[dict]) -> tuple[dict[str, list[int]], int]:
     for (kernel, group), name in best.items():
         if kernel.startswith("dkdv-mode") and kernel != f"dkdv-mode{mode}":
             continue
-        block_m, rest = name.split("x")
-        block_n, rest = rest.split("w")
-        warps, stages = rest.split("s")
-        tiles[f"{kernel.split('-')[0]},{group}"] = [int(block_m), int(block_n), int(warps), int(stages)]
+        kind = kernel.split("-")[0]
+        tile = next(t for t in SWEEP[kind] if t.name == name)
+        tiles[f"{kind},{group}"] = launch._tile_entry(tile)
     return tiles, mode
 
 

@@ -59,6 +59,14 @@ def _dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _dot_acc(a, b, acc, UPCAST: tl.constexpr):
+    """``acc + a @ b`` with the matrix units accumulating into ``acc``."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _tanh(x):
     # exp-based, so the interpreter and every backend agree; saturates cleanly at +-1.
     return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
@@ -138,6 +146,49 @@ def _load_rows(
     if WIDTH == BLOCK_W:
         return tl.load(ptrs)
     return tl.load(ptrs, mask=cols[None, :] < WIDTH, other=0.0)
+
+
+@triton.jit
+def _row_source(
+    base,
+    num_rows,
+    stride_t,
+    WIDTH: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """Where :func:`_load_tile` reads ``[BLOCK_R, BLOCK_W]`` tiles of the ``[num_rows, WIDTH]`` view at
+    ``base``: a tensor descriptor (``TMA``: the copy engine reads rows and columns outside the view
+    as 0 and never touches them in memory), or ``base`` itself."""
+    if TMA:
+        return tl.make_tensor_descriptor(
+            base,
+            shape=[tl.maximum(num_rows, 1), WIDTH],
+            strides=[stride_t, 1],
+            block_shape=[BLOCK_R, BLOCK_W],
+        )
+    return base
+
+
+@triton.jit
+def _load_tile(
+    source,
+    first,
+    rows,
+    cols,
+    stride_t,
+    limit,
+    WIDTH: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    MASK_ROWS: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """Rows ``first + [0, BLOCK_R)`` (= ``rows``) of a :func:`_row_source`; outside ``[0, limit)``
+    and past ``WIDTH`` they read as 0."""
+    if TMA:
+        return source.load([first, 0])
+    return _load_rows(source, rows, cols, stride_t, limit, WIDTH, BLOCK_W, MASK_ROWS)
 
 
 @triton.jit
@@ -247,8 +298,8 @@ def _fwd_tiles(
     m_i,
     l_i,
     q,
-    k_base,
-    v_base,
+    k_src,
+    v_src,
     stride_kt,
     stride_vt,
     rows,
@@ -269,14 +320,16 @@ def _fwd_tiles(
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
 ):
     """Fold key tiles ``[lo, hi)`` into the online softmax ``(acc, m_i, l_i)`` of one query tile."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
         cols = start_n + offs_n
-        k = _load_rows(k_base, cols, offs_d, stride_kt, seqlen_k, HEAD_DIM, BLOCK_D, MASKED)
+        k = _load_tile(k_src, start_n, cols, offs_d, stride_kt, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, TMA)
         s, _ = _scores(_dot(q, tl.trans(k), UPCAST), sm_scale, softcap, SOFTCAP)
         if MASKED:
             s = tl.where(
@@ -289,8 +342,8 @@ def _fwd_tiles(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(v_base, cols, offs_dv, stride_vt, seqlen_k, HEAD_DIM_V, BLOCK_DV, MASKED)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, UPCAST)
+        v = _load_tile(v_src, start_n, cols, offs_dv, stride_vt, seqlen_k, HEAD_DIM_V, BLOCK_DV, MASKED, TMA)
+        acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -337,6 +390,8 @@ def _attention_fwd_kernel(
     HAS_SINKS: tl.constexpr,
     ACCUMULATE: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -372,6 +427,8 @@ def _attention_fwd_kernel(
     v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
     out_base = out_head + q_start.to(tl.int64) * stride_ot
     lse_base = lse_head + q_start
+    k_src = _row_source(k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    v_src = _row_source(v_base, seqlen_k, stride_vt, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     num_m_blocks = tl.num_programs(0)
@@ -402,8 +459,8 @@ def _attention_fwd_kernel(
                 m_i,
                 l_i,
                 q,
-                k_base,
-                v_base,
+                k_src,
+                v_src,
                 stride_kt,
                 stride_vt,
                 rows,
@@ -424,6 +481,8 @@ def _attention_fwd_kernel(
                 HAS_RIGHT,
                 SOFTCAP,
                 UPCAST,
+                TMA,
+                WARP_SPEC,
             )
         if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
             sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
@@ -508,8 +567,8 @@ def _bwd_kv_tiles(
     dv,
     k,
     v,
-    q_base,
-    do_base,
+    q_src,
+    do_src,
     lse_base,
     delta_base,
     dq_base,
@@ -537,14 +596,18 @@ def _bwd_kv_tiles(
     SOFTCAP: tl.constexpr,
     DQ_MODE: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
 ):
     """Accumulate dK, dV of one key tile over query tiles ``[lo, hi)`` (and add dQ with atomics)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for start_m in range(lo, hi, BLOCK_M):
+    for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPEC):
         rows = start_m + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_base, rows, offs_d, stride_qt, seqlen_q, HEAD_DIM, BLOCK_D, MASKED)
-        do = _load_rows(do_base, rows, offs_dv, stride_dot, seqlen_q, HEAD_DIM_V, BLOCK_DV, MASKED)
+        q = _load_tile(q_src, start_m, rows, offs_d, stride_qt, seqlen_q, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        do = _load_tile(
+            do_src, start_m, rows, offs_dv, stride_dot, seqlen_q, HEAD_DIM_V, BLOCK_DV, MASKED, TMA
+        )
         lse = _load_lse(lse_base, rows, seqlen_q)
         delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
         s_t, t_t = _scores(_dot(k, tl.trans(q), UPCAST), sm_scale, softcap, SOFTCAP)  # [BLOCK_N, BLOCK_M]
@@ -553,10 +616,10 @@ def _bwd_kv_tiles(
             p_t = tl.where(
                 _visible(rows[None, :], cols[:, None], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p_t, 0.0
             )
-        dv += _dot(p_t.to(do.dtype), do, UPCAST)
+        dv = _dot_acc(p_t.to(do.dtype), do, dv, UPCAST)
         dp_t = _dot(v, tl.trans(do), UPCAST)  # [BLOCK_N, BLOCK_M]
         ds_t = _ds_scaled(p_t, dp_t, delta[None, :], t_t, sm_scale, SOFTCAP).to(q.dtype)
-        dk += _dot(ds_t, q, UPCAST)
+        dk = _dot_acc(ds_t, q, dk, UPCAST)
         if DQ_MODE == 1:  # fp32 atomics per element
             dq = _dot(tl.trans(ds_t), k, UPCAST)  # [BLOCK_M, BLOCK_D]
             ptrs = dq_base + rows[:, None] * stride_dqt + offs_d[None, :]
@@ -618,6 +681,8 @@ def _attention_bwd_dkdv_kernel(
     SOFTCAP: tl.constexpr,
     DQ_MODE: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -673,6 +738,8 @@ def _attention_bwd_dkdv_kernel(
             do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
             lse_base = lse_ptr + head * stride_lse_h + q_start
             delta_base = delta_ptr + head * stride_lse_h + q_start
+            q_src = _row_source(q_base, seqlen_q, stride_qt, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+            do_src = _row_source(do_base, seqlen_q, stride_dot, HEAD_DIM_V, BLOCK_M, BLOCK_DV, TMA)
             if DQ_MODE == 2:
                 dq_base = tl.make_tensor_descriptor(
                     dq_acc_ptr + head * stride_dqh,
@@ -689,8 +756,8 @@ def _attention_bwd_dkdv_kernel(
                     dv,
                     k,
                     v,
-                    q_base,
-                    do_base,
+                    q_src,
+                    do_src,
                     lse_base,
                     delta_base,
                     dq_base,
@@ -718,6 +785,8 @@ def _attention_bwd_dkdv_kernel(
                     SOFTCAP,
                     DQ_MODE,
                     UPCAST,
+                    TMA,
+                    WARP_SPEC,
                 )
         _store_rows(
             dk_head + k_start.to(tl.int64) * stride_dkt, cols, offs_d, stride_dkt, seqlen_k, dk, HEAD_DIM
@@ -734,8 +803,8 @@ def _bwd_q_tiles(
     do,
     lse,
     delta,
-    k_base,
-    v_base,
+    k_src,
+    v_src,
     stride_kt,
     stride_vt,
     rows,
@@ -756,15 +825,17 @@ def _bwd_q_tiles(
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
 ):
     """Accumulate dQ of one query tile over key tiles ``[lo, hi)``."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
         cols = start_n + offs_n
-        k = _load_rows(k_base, cols, offs_d, stride_kt, seqlen_k, HEAD_DIM, BLOCK_D, MASKED)
-        v = _load_rows(v_base, cols, offs_dv, stride_vt, seqlen_k, HEAD_DIM_V, BLOCK_DV, MASKED)
+        k = _load_tile(k_src, start_n, cols, offs_d, stride_kt, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        v = _load_tile(v_src, start_n, cols, offs_dv, stride_vt, seqlen_k, HEAD_DIM_V, BLOCK_DV, MASKED, TMA)
         s, t = _scores(_dot(q, tl.trans(k), UPCAST), sm_scale, softcap, SOFTCAP)  # [BLOCK_M, BLOCK_N]
         p = tl.exp2(s - lse[:, None])
         if MASKED:
@@ -773,7 +844,7 @@ def _bwd_q_tiles(
             )
         dp = _dot(do, tl.trans(v), UPCAST)
         ds = _ds_scaled(p, dp, delta[:, None], t, sm_scale, SOFTCAP).to(k.dtype)
-        dq += _dot(ds, k, UPCAST)
+        dq = _dot_acc(ds, k, dq, UPCAST)
     return dq
 
 
@@ -820,6 +891,8 @@ def _attention_bwd_dq_kernel(
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
     UPCAST: tl.constexpr,
+    TMA: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -851,6 +924,8 @@ def _attention_bwd_dq_kernel(
     do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
     k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
     v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+    k_src = _row_source(k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    v_src = _row_source(v_base, seqlen_k, stride_vt, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     num_m_blocks = tl.num_programs(0)
@@ -873,8 +948,8 @@ def _attention_bwd_dq_kernel(
                 do,
                 lse,
                 delta,
-                k_base,
-                v_base,
+                k_src,
+                v_src,
                 stride_kt,
                 stride_vt,
                 rows,
@@ -895,6 +970,8 @@ def _attention_bwd_dq_kernel(
                 HAS_RIGHT,
                 SOFTCAP,
                 UPCAST,
+                TMA,
+                WARP_SPEC,
             )
         _store_rows(
             dq_head + q_start.to(tl.int64) * stride_dqt, rows, offs_d, stride_dqt, seqlen_q, dq, HEAD_DIM

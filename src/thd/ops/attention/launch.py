@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import triton
 from torch import Tensor
+from triton.runtime import _allocation
 
 from thd.ops.attention import kernels
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
@@ -26,12 +27,16 @@ _AUTOTUNE = os.environ.get("THD_AUTOTUNE", "0") == "1" and not _INTERPRET
 
 @dataclass(frozen=True)
 class Tile:
-    """Rows of queries and keys per tile, and the kernel's warps and pipeline stages."""
+    """Rows of queries and keys per tile, the kernel's warps and pipeline stages, whether the inner
+    loop reads its tiles through tensor descriptors (``tma``, Hopper's copy engine; only where the
+    tensors allow it, see :func:`_tma_capable`) and whether Triton warp-specializes that loop."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    tma: bool = False
+    warp_specialize: bool = False
 
     def config(self) -> triton.Config:
         return triton.Config(
@@ -39,6 +44,11 @@ class Tile:
             num_warps=self.num_warps,
             num_stages=self.num_stages,
         )
+
+    @property
+    def name(self) -> str:
+        flags = ("-tma" if self.tma else "") + ("-ws" if self.warp_specialize else "")
+        return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{flags}"
 
 
 # (kernel, head-dim class, long sequences) -> tile. The head-dim class is the padded head dim
@@ -76,7 +86,21 @@ def _load_tile_overrides(path: str) -> None:
     with open(path) as fh:
         for key, value in json.load(fh).items():
             kernel, dim_class, length = key.split(",")
-            TILES[(kernel, int(dim_class), length == "long")] = Tile(*(int(x) for x in value))
+            TILES[(kernel, int(dim_class), length == "long")] = Tile(
+                *(int(x) for x in value[:4]), *map(bool, value[4:])
+            )
+
+
+def _tile_entry(tile: Tile) -> list[int]:
+    """A tile as written in a ``THD_TILES`` file."""
+    return [
+        tile.block_m,
+        tile.block_n,
+        tile.num_warps,
+        tile.num_stages,
+        int(tile.tma),
+        int(tile.warp_specialize),
+    ]
 
 
 if os.environ.get("THD_TILES"):
@@ -145,16 +169,25 @@ def _prune(kernel: str):  # type: ignore[no-untyped-def]
 # Mode 0 on the GPU: on the H200 (f2af2bb) the split kernels beat per-element atomics (run 1 of
 # benchmarks/tune_attention.py); the TMA reduction is opt-in until it is measured.
 FAST_DQ_MODE = 1 if _INTERPRET else int(os.environ.get("THD_DQ_MODE", "0"))
-_allocator_ready = False
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cpu" if _INTERPRET else "cuda")
+
+
+def _ensure_allocator() -> None:
+    """Device-side tensor descriptors live in a global scratch that Triton allocates per launch
+    through a per-thread (context-variable) allocator: set one in the launching thread (autograd's
+    backward runs in a thread of its own)."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 def _dq_mode(options: AttentionOptions) -> int:
-    global _allocator_ready
     if options.deterministic or FAST_DQ_MODE == 0:
         return 0
-    if FAST_DQ_MODE == 2 and not _allocator_ready:  # device-side tensor descriptors need scratch
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _allocator_ready = True
+    if FAST_DQ_MODE == 2:
+        _ensure_allocator()
     return FAST_DQ_MODE
 
 
@@ -185,20 +218,49 @@ else:
     }
 
 
-def _launch(kernel: str, rows: int, num_heads: int, num_seqs: int, meta: dict, *args: object) -> None:
-    """Launch ``kernel`` on a ``(row blocks, heads, sequences + 1)`` grid."""
+_TMA_ENABLED = os.environ.get("THD_TMA", "1") != "0"
+_tma_devices: dict[int, bool] = {}
+
+
+def _tma_capable(*tensors: Tensor) -> bool:
+    """Whether the copy engine can read row tiles of these ``[T, H, D]`` tensors: a Hopper or newer
+    GPU (or the interpreter), 16-byte aligned data and row and head strides."""
+    if not _TMA_ENABLED:
+        return False
+    first = tensors[0]
+    if not _INTERPRET:
+        index = first.device.index if first.device.index is not None else torch.cuda.current_device()
+        if index not in _tma_devices:
+            _tma_devices[index] = torch.cuda.get_device_capability(index)[0] >= 9
+        if not _tma_devices[index]:
+            return False
+    for t in tensors:
+        per_16_bytes = 16 // t.element_size()
+        if t.data_ptr() % 16 or t.stride(0) % per_16_bytes or t.stride(1) % per_16_bytes:
+            return False
+    _ensure_allocator()
+    return True
+
+
+def _launch(
+    kernel: str, rows: int, num_heads: int, num_seqs: int, meta: dict, tma_ok: bool, *args: object
+) -> None:
+    """Launch ``kernel`` on a ``(row blocks, heads, sequences + 1)`` grid. ``tma_ok``: the tensors
+    the kernel reads tiles of pass :func:`_tma_capable`."""
     fn = _KERNELS[kernel]
     constexprs = {name: value for name, value in meta.items() if name != "FP32"}
     if _AUTOTUNE:
         block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
         grid = lambda m: (max(1, triton.cdiv(rows, m[block])), num_heads, num_seqs + 1)
-        fn[grid](*args, **constexprs)
+        fn[grid](*args, **constexprs, TMA=False, WARP_SPEC=False)
         return
     tile = tile_for(kernel, meta, rows)
     block = tile.block_n if kernel == "dkdv" else tile.block_m
     fn[(max(1, triton.cdiv(rows, block)), num_heads, num_seqs + 1)](
         *args,
         **constexprs,
+        TMA=tile.tma and tma_ok,
+        WARP_SPEC=tile.warp_specialize,
         BLOCK_M=tile.block_m,
         BLOCK_N=tile.block_n,
         num_warps=tile.num_warps,
@@ -274,6 +336,7 @@ def forward(
         num_heads,
         layout.num_seqs,
         {**meta, "HAS_SINKS": sinks is not None, "ACCUMULATE": accumulate is not None},
+        _tma_capable(k, v),
         q,
         k,
         v,
@@ -377,6 +440,7 @@ def backward(
             num_kv_heads,
             num_seqs,
             {**meta, "DQ_MODE": dq_mode},
+            _tma_capable(q, do),
             q,
             k,
             v,
@@ -406,6 +470,7 @@ def backward(
             num_heads,
             num_seqs,
             meta,
+            _tma_capable(k, v),
             q,
             k,
             v,
