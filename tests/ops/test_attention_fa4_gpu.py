@@ -7,6 +7,16 @@ lengths``), causal and not. thd gets NaN in the padding rows of q, k, v (it neve
 and must write exact zeros there; FA4 gets zeros there (its padding rows are not compared).
 On the GPU machine FA4 comes from ``eval "$(bash .fa4/b/fa4-wheels.sh install)"``, which puts it
 on ``PYTHONPATH``. The first call of each shape class JIT-compiles FA4's kernels (seconds).
+
+Variants (``test_fa4_agrees_with_thd_variants``): FA4 4.0.0b36's varlen function has the same
+semantics for each (read in its ``flash_attn/cute`` sources): ``window_size=(left, right)``
+(``None`` = unbounded; ``causal=True`` forces ``right = 0``) with the same bottom-right
+alignment as thd (``mask.py``: key limits ``row + seqlen_k - seqlen_q - left`` to
+``row + seqlen_k - seqlen_q + right`` inclusive, per sequence from ``seqused_*``);
+``softcap * tanh(scale * q.k / softcap)`` (the scale is applied before the cap); and
+``learnable_sink`` ``[Hq]`` (fp16/bf16/fp32) adding ``exp(sink[h])`` to each row's denominator,
+with the returned lse including it and a gradient ``-sum_rows exp(sink - lse) * rowsum(dO * O)``
+over real rows only, in the sink's dtype. A keyword the installed FA4 lacks skips its cases.
 """
 
 from __future__ import annotations
@@ -75,17 +85,67 @@ def fa4() -> Callable[..., Any]:
     return flash_attn_varlen_func
 
 
-def _thd_fwd_bwd(layout: Layout, inputs: list[Tensor], do: Tensor, causal: bool) -> list[Tensor]:
+def _thd_fwd_bwd(
+    layout: Layout,
+    inputs: list[Tensor],
+    do: Tensor,
+    causal: bool,
+    *,
+    sinks: Tensor | None = None,
+    **options: Any,
+) -> list[Tensor]:
+    """``[out, lse, dq, dk, dv]``, and ``dsinks`` last when ``sinks`` is given; ``options``: more
+    ``thd.attention`` keywords (``window_size``, ``softcap``)."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    out, lse = thd.attention(*leaves, **layout.kwargs(DEVICE), causal=causal, return_lse=True)
+    sink_leaf = None if sinks is None else sinks.detach().clone().requires_grad_()
+    kwargs = {**layout.kwargs(DEVICE), **options}
+    if sink_leaf is not None:
+        kwargs["sinks"] = sink_leaf
+    out, lse = thd.attention(*leaves, **kwargs, causal=causal, return_lse=True)
     out.backward(do)
-    return [out.detach(), lse.detach(), *(t.grad for t in leaves)]  # type: ignore[misc]
+    extra = [] if sink_leaf is None else [sink_leaf.grad]
+    return [out.detach(), lse.detach(), *(t.grad for t in leaves), *extra]  # type: ignore[misc]
+
+
+def _fa4_variant_kwargs(
+    fa4: Callable[..., Any], window_size: tuple[int, int], softcap: float, sinks: Tensor | None
+) -> dict[str, Any]:
+    """FA4 keywords for thd's variant settings; skips when the installed FA4 lacks one of them.
+
+    thd's ``-1`` (unbounded side) is FA4's ``None``; FA4's window is bottom-right aligned per
+    sequence like thd's, and ``causal=True`` sets its right side to 0 as thd requires.
+    """
+    wanted: dict[str, Any] = {}
+    if tuple(window_size) != (-1, -1):
+        wanted["window_size"] = tuple(None if w < 0 else int(w) for w in window_size)
+    if softcap > 0.0:
+        wanted["softcap"] = float(softcap)
+    if sinks is not None:
+        wanted["learnable_sink"] = sinks
+    params = inspect.signature(fa4).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    missing = [name for name in wanted if name not in params and not takes_any]
+    if missing:
+        pytest.skip(f"the installed FA4's flash_attn_varlen_func has no keyword {', '.join(missing)}")
+    return wanted
 
 
 def _fa4_fwd_bwd(
-    fa4: Callable[..., Any], layout: Layout, inputs: list[Tensor], do: Tensor, causal: bool
+    fa4: Callable[..., Any],
+    layout: Layout,
+    inputs: list[Tensor],
+    do: Tensor,
+    causal: bool,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: Tensor | None = None,
 ) -> list[Tensor | None]:
+    """``[out, lse, dq, dk, dv]`` of FA4 (lse None if it returns none), and its ``learnable_sink``
+    gradient last when ``sinks`` is given (None if it gives none)."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    sink_leaf = None if sinks is None else sinks.detach().clone().requires_grad_()
+    variant = _fa4_variant_kwargs(fa4, window_size, softcap, sink_leaf)
     cu_q, slots_q = layout.cu("q", DEVICE)
     cu_kv, slots_kv = layout.cu("kv", DEVICE)
     kwargs: dict[str, Any] = {
@@ -100,6 +160,7 @@ def _fa4_fwd_bwd(
         kwargs["seqused_k"] = (cu_kv[1:] - cu_kv[:-1]).to(torch.int32).contiguous()
     if "return_lse" in inspect.signature(fa4).parameters:
         kwargs["return_lse"] = True
+    kwargs.update(variant)
     try:
         result = fa4(*leaves, **kwargs)
     except (AssertionError, NotImplementedError) as exc:  # a limit of FA4's, not a thd result
@@ -111,7 +172,8 @@ def _fa4_fwd_bwd(
         pytest.skip(f"FA4's backward does not run this case: {type(exc).__name__}: {exc}")
     if lse is not None and lse.shape == (layout.total_q, inputs[0].shape[1]):
         lse = lse.t()  # some versions return [T, H]
-    return [out.detach(), None if lse is None else lse.detach(), *(t.grad for t in leaves)]
+    extra = [] if sink_leaf is None else [sink_leaf.grad]
+    return [out.detach(), None if lse is None else lse.detach(), *(t.grad for t in leaves), *extra]
 
 
 def _assert_rel(name: str, got: Tensor, want: Tensor, bound: float) -> None:
@@ -137,14 +199,21 @@ def test_fa4_agrees_with_thd(
     nan_inputs = [poison_rows(q, real_q), poison_rows(k, real_kv), poison_rows(v, real_kv)]
     got = _thd_fwd_bwd(layout, nan_inputs, do, causal)
     want = _fa4_fwd_bwd(fa4, layout, [q, k, v], do, causal)
+    _assert_agree(layout, got, want)
 
-    out, lse, dq, dk, dv = got
-    f_out, f_lse, f_dq, f_dk, f_dv = want
+
+def _assert_agree(
+    layout: Layout, got: list[Tensor], want: list[Tensor | None], *, lse_atol: float = LSE_ATOL
+) -> None:
+    """thd's ``[out, lse, dq, dk, dv]`` against FA4's on real rows, and thd's padding rows."""
+    real_q, real_kv = layout.real_rows("q", DEVICE), layout.real_rows("kv", DEVICE)
+    out, lse, dq, dk, dv = got[:5]
+    f_out, f_lse, f_dq, f_dk, f_dv = want[:5]
     assert f_out is not None and f_dq is not None and f_dk is not None and f_dv is not None
     assert_close(out[real_q].float(), f_out[real_q].float(), "out", atol=OUT_ATOL, rtol=OUT_RTOL)
     _assert_rel("out", out[real_q], f_out[real_q], REL_OUT)
     if f_lse is not None:
-        assert_close(lse[:, real_q], f_lse[:, real_q].float(), "lse", atol=LSE_ATOL, rtol=0.0)
+        assert_close(lse[:, real_q], f_lse[:, real_q].float(), "lse", atol=lse_atol, rtol=0.0)
     for name, g, w, rows in (("dq", dq, f_dq, real_q), ("dk", dk, f_dk, real_kv), ("dv", dv, f_dv, real_kv)):
         _assert_rel(name, g[rows], w[rows], REL_GRAD)
     # thd's own guarantees on the padding rows (FA4 leaves its padding rows unspecified).
@@ -153,3 +222,71 @@ def test_fa4_agrees_with_thd(
     assert_rows_equal(lse, pad_q, float("-inf"), "lse", dim=1)
     for name, grad, pad in (("dq", dq, pad_q), ("dk", dk, pad_kv), ("dv", dv, pad_kv)):
         assert_rows_equal(grad, pad, 0.0, name)
+
+
+# --- variants: sliding window, softcap, sinks ---------------------------------------------------
+
+# Cross attention with Lq <= Lk per sequence (every query sees a key under the bottom-right
+# causal window), slot padding on both sides (FA4 gets it as seqused_q / seqused_k).
+CROSS = make_layout(
+    "cross",
+    [300, 1000, 64, 2000, 517, 1],
+    [700, 1000, 100, 3000, 517, 129],
+    pad_q=[4, 0, 60, 48, 11, 127],
+    pad_kv=[0, 24, 28, 8, 59, 0],
+    capacity_q=13,
+    capacity_kv=0,
+)
+SOFTCAP = 5.0  # bends the scores of N(0, 1) inputs (tanh(4 / 5) = 0.66)
+# FA4 computes the softcap's tanh with the hardware approximation (fastmath, relative error about
+# 2**-11, so about 5e-4 * |score| per score); lse, an average of scores, gets a looser bound.
+LSE_ATOL_SOFTCAP = 5e-3
+FP32, BF16 = torch.float32, torch.bfloat16
+
+# (layout, Hq, Hkv, D, causal, window_size, softcap, sink dtype or None)
+VARIANT_CASES = [
+    pytest.param(PACKED, 16, 4, 128, True, (256, 0), 0.0, None, id="packed-GQA16x4-D128-causal-window256"),
+    pytest.param(SLOTS128, 16, 16, 64, True, (1000, 0), 0.0, None, id="slots128-H16-D64-causal-window1000"),
+    pytest.param(PACKED, 16, 16, 128, False, (100, 300), 0.0, None, id="packed-H16-D128-window100x300"),
+    pytest.param(CROSS, 8, 2, 128, True, (200, 0), 0.0, None, id="cross-GQA8x2-D128-causal-window200"),
+    pytest.param(PACKED, 16, 16, 128, True, (-1, -1), SOFTCAP, None, id="packed-H16-D128-causal-softcap"),
+    pytest.param(SLOTS64, 16, 16, 64, False, (-1, -1), SOFTCAP, None, id="slots64-H16-D64-softcap"),
+    pytest.param(PACKED, 16, 4, 128, True, (-1, -1), 0.0, FP32, id="packed-GQA16x4-D128-causal-sinks"),
+    pytest.param(SLOTS64, 16, 16, 64, True, (-1, -1), 0.0, BF16, id="slots64-H16-D64-causal-sinks-bf16"),
+    pytest.param(SLOTS128, 16, 4, 128, True, (512, 0), SOFTCAP, FP32, id="slots128-GQA16x4-D128-all-three"),
+    pytest.param(RAGGED, 8, 8, 64, True, (32, 0), SOFTCAP, FP32, id="ragged-H8-D64-all-three"),
+]
+
+
+@pytest.mark.parametrize(
+    ("layout", "hq", "hkv", "d", "causal", "window_size", "softcap", "sink_dtype"), VARIANT_CASES
+)
+def test_fa4_agrees_with_thd_variants(
+    fa4: Callable[..., Any],
+    layout: Layout,
+    hq: int,
+    hkv: int,
+    d: int,
+    causal: bool,
+    window_size: tuple[int, int],
+    softcap: float,
+    sink_dtype: torch.dtype | None,
+) -> None:
+    """thd and FA4 with the same window / softcap / sinks: out, lse (with the sink term), dq, dk,
+    dv and the sinks' gradient agree on real rows; thd's padding rows hold exact zeros."""
+    q, k, v, do = make_qkv(layout, hq, hkv, d, d, torch.bfloat16, DEVICE, poison=0.0)
+    real_q, real_kv = layout.real_rows("q", DEVICE), layout.real_rows("kv", DEVICE)
+    nan_inputs = [poison_rows(q, real_q), poison_rows(k, real_kv), poison_rows(v, real_kv)]
+    # Sink logits around 2 (spread 2): a visible share of the softmax of short rows and windows.
+    sinks = None if sink_dtype is None else (torch.randn(hq, device=DEVICE) * 2.0 + 2.0).to(sink_dtype)
+    want = _fa4_fwd_bwd(
+        fa4, layout, [q, k, v], do, causal, window_size=window_size, softcap=softcap, sinks=sinks
+    )
+    options: dict[str, Any] = {"window_size": window_size, "softcap": softcap}
+    got = _thd_fwd_bwd(layout, nan_inputs, do, causal, sinks=sinks, **options)
+    _assert_agree(layout, got, want, lse_atol=LSE_ATOL_SOFTCAP if softcap > 0.0 else LSE_ATOL)
+    if sinks is not None:
+        dsinks, f_dsinks = got[5], want[5]
+        assert dsinks is not None and dsinks.shape == sinks.shape and dsinks.dtype == sinks.dtype
+        if f_dsinks is not None:  # FA4 4.0.0b36 gives one (sm90/sm100); compare whenever it does
+            _assert_rel("dsinks", dsinks.float(), f_dsinks.float(), REL_GRAD)
