@@ -8,16 +8,27 @@ weights from a config) trains on one batch of random-length documents (uniform i
 - ``thd``: one packed row ``[1, T]`` with the ``cu_seq_lens_*`` / ``max_length_*`` kwargs of
   ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` (no padding, no host sync in
   attention);
-- ``sdpa``: the same documents as a right-padded ``[B, max_len]`` batch with a 2-D
-  ``attention_mask`` (transformers builds the 4-D mask), what a user without packing runs.
+- ``sdpa``: the same documents as a right-padded ``[B, W]`` batch with a 2-D ``attention_mask``
+  (transformers builds the 4-D mask), what a user without packing runs; ``W`` is the longest
+  document rounded up to ``--pad-to-multiple-of`` (64, like a tokenizer's ``pad_to_multiple_of``;
+  it also keeps sdpa's masked kernels on aligned rows).
 
 A step is forward, loss, backward and a fused AdamW update. After ``--warmup`` steps (compiles,
 allocator), ``--steps`` steps are timed one by one (synchronized wall time). Tokens/s counts real
-tokens only; peak memory is ``torch.cuda.max_memory_allocated`` over the timed steps. The first
-step's loss of both providers is recorded (same weights, same documents: it must agree). A
-provider that fails (e.g. out of memory) records its error and the run goes on.
+tokens only; ``tflops`` is the useful work per second (``6 * matmul parameters * real tokens``
+plus causal attention over the real documents, the same count for both providers); peak memory
+is ``torch.cuda.max_memory_allocated`` over the timed steps (``None`` on a CPU). The loss of every
+step is recorded; the first step's (same weights, same documents) must agree between the
+providers. A provider that fails (e.g. out of memory) records its error and the run goes on.
 
     PYTHONPATH=src:. python3 benchmarks/bench_transformers.py --out benchmarks/results/transformers.json
+
+Defaults (8 layers, hidden 2048, 32768 tokens of 64..4096-token documents, 3 + 10 steps per
+provider): about 105 TFLOP of useful work per step, so roughly 0.4 s per thd step and 0.8 s per
+sdpa step (its padded rows) at 35% of an H200's bf16 peak; 1-2 minutes in all with Triton
+compilation (an estimate, not yet run on a GPU). ``--quick`` is a tiny smoke configuration
+(2 layers, hidden 128, 1024 tokens) that also runs on a CPU in seconds (``--device cpu``; thd
+then runs its torch reference, or the Triton interpreter under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -34,9 +45,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import env_fingerprint, error_text, make_record, write_json
+from _common import attention_flops, command_line, env_fingerprint, error_text, make_record, write_json
 
 PROVIDERS = ("thd", "sdpa")
+# --quick: parser defaults of a tiny smoke run (explicit flags still win).
+QUICK = {
+    "tokens": 1024,
+    "min_len": 16,
+    "max_len": 256,
+    "layers": 2,
+    "hidden": 128,
+    "heads": 4,
+    "intermediate": 256,
+    "vocab": 512,
+    "warmup": 1,
+    "steps": 2,
+}
 
 
 def document_lengths(total: int, lo: int, hi: int, seed: int) -> list[int]:
@@ -60,8 +84,8 @@ def packed_batch(docs: Sequence[list[int]], device: torch.device) -> dict[str, A
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def padded_batch(docs: Sequence[list[int]], device: torch.device) -> dict[str, Any]:
-    width = max(len(d) for d in docs)
+def padded_batch(docs: Sequence[list[int]], device: torch.device, multiple: int = 1) -> dict[str, Any]:
+    width = -(-max(len(d) for d in docs) // multiple) * multiple
     ids = torch.zeros(len(docs), width, dtype=torch.long)
     mask = torch.zeros(len(docs), width, dtype=torch.long)
     for b, d in enumerate(docs):
@@ -69,6 +93,18 @@ def padded_batch(docs: Sequence[list[int]], device: torch.device) -> dict[str, A
         mask[b, : len(d)] = 1
     labels = ids.masked_fill(mask == 0, -100)
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
+
+
+def step_flops(args: argparse.Namespace, lengths: Sequence[int]) -> float:
+    """Useful FLOPs of one training step on the real tokens: ``6 * N * T`` for the ``N`` matmul
+    parameters (projections, MLP, LM head; not the embedding) plus causal attention (forward and
+    backward, FlashAttention convention) over every document and layer."""
+    head_dim = args.hidden // args.heads
+    kv = (args.kv_heads or args.heads) * head_dim
+    per_layer = args.hidden * (2 * args.heads * head_dim + 2 * kv) + 3 * args.hidden * args.intermediate
+    params = args.layers * per_layer + args.vocab * args.hidden
+    attention = attention_flops(lengths, lengths, args.heads, head_dim, causal=True, mode="fwd_bwd")
+    return 6.0 * params * sum(lengths) + args.layers * attention
 
 
 def make_model(args: argparse.Namespace, impl: str, device: torch.device) -> torch.nn.Module:
@@ -132,6 +168,7 @@ def run_provider(
     return {
         "timing": {"median_ms": statistics.median(times_ms), "p20_ms": cuts[1], "p80_ms": cuts[7]},
         "first_loss": losses[0],
+        "losses": losses,
         "peak_memory_gib": peak,
     }
 
@@ -139,10 +176,10 @@ def run_provider(
 def _describe(rec: dict[str, Any]) -> str:
     if rec["status"] != "ok":
         return str(rec["error"])
-    peak = rec["peak_memory_gib"] or 0.0
+    peak = "n/a" if rec["peak_memory_gib"] is None else f"{rec['peak_memory_gib']:.1f} GiB"
     return (
-        f"{rec['tokens_per_s']:,.0f} tok/s, {rec['median_ms']:.1f} ms/step, peak {peak:.1f} GiB, "
-        f"first loss {rec['first_loss']:.4f}"
+        f"{rec['tokens_per_s']:,.0f} tok/s, {rec['median_ms']:.1f} ms/step, {rec['tflops']:.1f} TFLOP/s, "
+        f"peak {peak}, first loss {rec['first_loss']:.4f} ({rec['wall_s']:.0f} s)"
     )
 
 
@@ -150,6 +187,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSON file to write")
     p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
+    p.add_argument("--quick", action="store_true", help="tiny smoke configuration (CPU: seconds)")
     p.add_argument("--tokens", type=int, default=32768, help="real tokens per step")
     p.add_argument("--min-len", type=int, default=64)
     p.add_argument("--max-len", type=int, default=4096)
@@ -159,11 +197,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-heads", type=int, default=None, help="default: --heads")
     p.add_argument("--intermediate", type=int, default=5632)
     p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--pad-to-multiple-of", type=int, default=64, help="sdpa: padded batch width")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return p.parse_args(argv)
+    if p.parse_known_args(argv)[0].quick:
+        p.set_defaults(**QUICK)
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.tokens < 1 or args.pad_to_multiple_of < 1:
+        p.error("expected --steps >= 1, --warmup >= 0, --tokens >= 1 and --pad-to-multiple-of >= 1")
+    if not 1 <= args.min_len <= args.max_len:
+        p.error("expected 1 <= --min-len <= --max-len")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,9 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     lengths = document_lengths(args.tokens, args.min_len, args.max_len, args.seed)
     config = {k: v for k, v in vars(args).items() if k != "out"}
     env = env_fingerprint()
+    flops = step_flops(args, lengths)
+    padded_width = -(-max(lengths) // args.pad_to_multiple_of) * args.pad_to_multiple_of
     payload: dict[str, Any] = {
         "benchmark": "transformers",
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line() if argv is None else shlex.join([Path(__file__).name, *argv]),
         "commit": env["git_sha"],
         "gpu": env["device"],
         "env": env,
@@ -183,8 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "documents": {
             "count": len(lengths),
             "lengths": lengths,
-            "padded_tokens": len(lengths) * max(lengths),
+            "padded_tokens": len(lengths) * padded_width,
         },
+        "step_tflop": flops / 1e12,
         "records": [],
     }
     try:
@@ -214,9 +263,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape = {"tokens": args.tokens, "documents": len(lengths), "max_len": max(lengths)}
     shape |= {"layers": args.layers, "hidden": args.hidden, "heads": args.heads}
     for impl in args.providers:
-        batch = packed_batch(docs, device) if impl == "thd" else padded_batch(docs, device)
+        if impl == "thd":
+            batch = packed_batch(docs, device)
+        else:
+            batch = padded_batch(docs, device, args.pad_to_multiple_of)
         rows = batch["input_ids"].numel()  # sdpa: padding rows included
         record = {"op": "train_step", "provider": impl, "mode": "fwd_bwd_step", "shape": shape, "rows": rows}
+        provider_started = time.perf_counter()
         try:
             res = run_provider(impl, batch, args, device)
         except Exception as exc:  # e.g. out of memory: record it, run the next provider
@@ -225,11 +278,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             median_s = res["timing"]["median_ms"] / 1e3
             rec = make_record(
                 **record,
+                flops=flops,
                 timing=res["timing"],
                 tokens_per_s=args.tokens / median_s,
                 first_loss=res["first_loss"],
+                losses=res["losses"],
                 peak_memory_gib=res["peak_memory_gib"],
             )
+        rec["wall_s"] = time.perf_counter() - provider_started
         _release(device)
         payload["records"].append(rec)
         print(f"{impl:5s} rows={rows:6d} {_describe(rec)}")
@@ -238,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload["summary"] = {
             "speedup_tokens_per_s": ok["thd"]["tokens_per_s"] / ok["sdpa"]["tokens_per_s"],
             "memory_ratio": (ok["thd"]["peak_memory_gib"] / ok["sdpa"]["peak_memory_gib"])
-            if ok["thd"]["peak_memory_gib"]
+            if ok["thd"]["peak_memory_gib"] and ok["sdpa"]["peak_memory_gib"]
             else None,
             "first_loss_abs_diff": abs(ok["thd"]["first_loss"] - ok["sdpa"]["first_loss"]),
         }

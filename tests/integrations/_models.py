@@ -1,7 +1,9 @@
 """Tiny random-weight transformers models and batches shared by the integration tests.
 
 Every model family is built from a config (no hub access) with head_dim 32; the oracle runs
-each document on its own through ``attn_implementation="sdpa"`` with the same weights.
+each document on its own through ``attn_implementation=ORACLE[family]`` with the same weights:
+``"sdpa"``, except ``"eager"`` for Gemma 2, whose logit softcap transformers' sdpa function
+drops (it has no ``softcap`` parameter; only eager, flash and flex apply it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from torch import Tensor
 
 __all__ = [
     "FAMILIES",
+    "GEMMA2",
+    "ORACLE",
     "VOCAB",
     "documents",
     "grads",
@@ -28,12 +32,28 @@ __all__ = [
 ]
 
 VOCAB = 96
-FAMILIES = ("llama", "qwen2", "mistral")
+FAMILIES = ("llama", "qwen2", "mistral", "gemma2")
+ORACLE = {"llama": "sdpa", "qwen2": "sdpa", "mistral": "sdpa", "gemma2": "eager"}
+
+# Gemma 2: layer 0 is a sliding-window layer, layer 1 a full one (the config's default
+# alternation). The window of 8 is shorter than most test documents; the larger random
+# weights (initializer_range 0.1, std 0.02 by default) make the raw attention scores reach
+# about +-7, so the logit cap of 5 bends them (with std 0.02 they stay below 0.3 and any cap
+# >= 1 would be a no-op); query_pre_attn_scalar 16 makes the scale 1/4, not head_dim ** -0.5,
+# so the model's ``scaling`` must reach thd as well.
+GEMMA2 = {
+    "head_dim": 32,
+    "query_pre_attn_scalar": 16,
+    "sliding_window": 8,
+    "attn_logit_softcapping": 5.0,
+    "initializer_range": 0.1,
+}
 
 
 def tiny_config(family: str, **overrides: Any):  # type: ignore[no-untyped-def]
-    """A 2-layer config: hidden 128, 4 query heads and 2 KV heads of dimension 32 (GQA)."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    """A 2-layer config: hidden 128, 4 query heads and 2 KV heads of dimension 32 (GQA);
+    Gemma 2 adds :data:`GEMMA2`."""
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     common: dict[str, Any] = {
         "vocab_size": VOCAB,
@@ -45,8 +65,15 @@ def tiny_config(family: str, **overrides: Any):  # type: ignore[no-untyped-def]
         "max_position_embeddings": 4096,
         "tie_word_embeddings": False,
     }
-    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[family]
-    return config_cls(**{**common, **overrides})
+    if family == "gemma2":
+        common |= GEMMA2
+    config_cls = {
+        "llama": LlamaConfig,
+        "qwen2": Qwen2Config,
+        "mistral": MistralConfig,
+        "gemma2": Gemma2Config,
+    }
+    return config_cls[family](**{**common, **overrides})
 
 
 def make_model(

@@ -1,9 +1,11 @@
-"""``attn_implementation="thd"`` on tiny random-weight models (CPU, fp32) against per-document sdpa.
+"""``attn_implementation="thd"`` on tiny random-weight models (CPU, fp32) against per-document
+sdpa (eager for Gemma 2).
 
 Each family runs the same documents packed (``cu_seq_lens_*`` kwargs of
 ``DataCollatorWithFlattening``, or ``position_ids`` alone) and right-padded (2-D
 ``attention_mask``), and must give the logits and parameter gradients of the same weights run
-one document at a time with ``attn_implementation="sdpa"``.
+one document at a time with ``attn_implementation=ORACLE[family]`` (``"sdpa"``; ``"eager"``
+for Gemma 2, whose sliding-window layers and attention-logit softcap thd must reproduce).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import thd
 from tests._helpers import assert_close
 from tests.integrations._models import (
     FAMILIES,
+    ORACLE,
     documents,
     grads,
     make_model,
@@ -44,7 +47,7 @@ GRAD_TOL = {"atol": 2e-5, "rtol": 2e-4}
 
 
 def _oracle(family: str, docs: list[Tensor], **overrides: Any) -> tuple[list[Tensor], dict[str, Tensor]]:
-    model = make_model(family, "sdpa", **overrides)
+    model = make_model(family, ORACLE[family], **overrides)
     logits = per_document_logits(model, docs)
     next_token_loss(logits, docs).backward()
     return [x.detach() for x in logits], grads(model)
@@ -74,9 +77,22 @@ def _assert_same(
 
 @pytest.mark.parametrize("form", ["cu_seq_lens", "position_ids", "right_padded"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_matches_per_document_sdpa(family: str, form: str) -> None:
+def test_matches_per_document_oracle(family: str, form: str) -> None:
     docs = documents(LENGTHS)
     _assert_same(_run_thd(family, docs, form), _oracle(family, docs))
+
+
+def test_gemma2_config_exercises_window_and_softcap() -> None:
+    """The Gemma 2 oracle changes without its window or without its softcap: both bite on LENGTHS."""
+    docs = documents(LENGTHS)
+    want = _oracle("gemma2", docs)
+    for what, override in (
+        ("window", {"sliding_window": 4096}),
+        ("softcap", {"attn_logit_softcapping": None}),
+    ):
+        got = _oracle("gemma2", docs, **override)
+        diff = max(float((a - b).abs().max()) for a, b in zip(got[0], want[0], strict=True))
+        assert diff > 0.1, f"the {what} changes the logits by only {diff:.2e}"
 
 
 def test_model_loss_with_collator_labels_matches_per_document_mean() -> None:
@@ -107,17 +123,20 @@ def test_mask_function_returns_the_2d_mask_or_none() -> None:
         padding_mask(2, 6, 6, attention_mask=holes)
 
 
-def test_generation_with_a_kv_cache_matches_sdpa() -> None:
-    """Prefill + decode steps (query shorter than the keys: bottom-right causal alignment)."""
-    prompt = documents([7], seed=5)[0][None]
+@pytest.mark.parametrize("family", ["qwen2", "gemma2"])
+def test_generation_with_a_kv_cache_matches_the_oracle(family: str) -> None:
+    """Prefill + decode steps (query shorter than the keys: bottom-right causal alignment); for
+    Gemma 2 the prompt is longer than the window, whose cache layer keeps only the last
+    ``sliding_window - 1`` keys."""
+    prompt = documents([13], seed=5)[0][None]
     out = {}
-    for impl in ("thd", "sdpa"):
-        model = make_model("qwen2", impl).eval()
+    for impl in ("thd", ORACLE[family]):
+        model = make_model(family, impl).eval()
         with torch.no_grad():
             out[impl] = model.generate(prompt, max_new_tokens=4, do_sample=False, output_logits=True,
                                        return_dict_in_generate=True)  # fmt: skip
-    assert torch.equal(out["thd"].sequences, out["sdpa"].sequences)
-    for i, (a, b) in enumerate(zip(out["thd"].logits, out["sdpa"].logits, strict=True)):
+    assert torch.equal(out["thd"].sequences, out[ORACLE[family]].sequences)
+    for i, (a, b) in enumerate(zip(out["thd"].logits, out[ORACLE[family]].logits, strict=True)):
         assert_close(a, b, f"step {i} logits", **OUT_TOL)
 
 

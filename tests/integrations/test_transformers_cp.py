@@ -14,11 +14,13 @@ from tests.integrations._cp_worker import cp_training_step
 
 # Documents padded to multiples of 2*cp (exact per-rank counts) and already multiples (fast path).
 LAYOUTS = ((5, 17, 1, 9, 12), (8, 12, 4))
+# Gemma 2: ring attention with a sliding window (8 tokens) and the attention-logit softcap.
+FAMILIES = ("llama", "qwen2", "gemma2")
 
 
 @pytest.mark.distributed
 def test_cp_step_matches_single_process_gloo() -> None:
-    spawn(cp_training_step, 2, ("llama", "qwen2"), LAYOUTS, "float32", timeout_s=300)
+    spawn(cp_training_step, 2, FAMILIES, LAYOUTS, "float32", timeout_s=300)
 
 
 @pytest.mark.gpu
@@ -26,4 +28,4 @@ def test_cp_step_matches_single_process_gloo() -> None:
 @pytest.mark.skipif(cuda_devices() < 2, reason="needs 2 GPUs")
 def test_cp_step_matches_single_process_nccl() -> None:
     layouts = (*LAYOUTS, (700, 1, 300, 2048, 63))
-    spawn(cp_training_step, 2, ("llama", "qwen2"), layouts, "bfloat16", backend="nccl", timeout_s=600)
+    spawn(cp_training_step, 2, FAMILIES, layouts, "bfloat16", backend="nccl", timeout_s=600)
