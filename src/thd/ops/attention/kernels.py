@@ -162,13 +162,15 @@ def _row_source(
     ``base``: a tensor descriptor (``TMA``: the copy engine reads rows and columns outside the view
     as 0 and never touches them in memory), or ``base`` itself."""
     if TMA:
-        return tl.make_tensor_descriptor(
+        source = tl.make_tensor_descriptor(
             base,
             shape=[tl.maximum(num_rows, 1), WIDTH],
             strides=[stride_t, 1],
             block_shape=[BLOCK_R, BLOCK_W],
         )
-    return base
+    else:
+        source = base
+    return source
 
 
 @triton.jit
@@ -187,8 +189,10 @@ def _load_tile(
     """Rows ``first + [0, BLOCK_R)`` (= ``rows``) of a :func:`_row_source`; outside ``[0, limit)``
     and past ``WIDTH`` they read as 0."""
     if TMA:
-        return source.load([first, 0])
-    return _load_rows(source, rows, cols, stride_t, limit, WIDTH, BLOCK_W, MASK_ROWS)
+        tile = source.load([first, 0])
+    else:
+        tile = _load_rows(source, rows, cols, stride_t, limit, WIDTH, BLOCK_W, MASK_ROWS)
+    return tile
 
 
 @triton.jit

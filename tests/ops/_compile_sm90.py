@@ -1,0 +1,115 @@
+"""Compile the attention kernels for a Hopper target (sm_90) without a GPU: ``python -m`` this module
+with configuration names, or none for all. Prints one ``ok <name> wgmma=N bulk_tensor=N`` line
+per configuration (instruction counts in its PTX) and exits 1 on the first failure. Run it with
+``TRITON_INTERPRET`` unset: the interpreter replaces ``@triton.jit`` functions with Python ones."""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from thd.ops.attention import kernels
+
+_FP32_POINTERS = {"lse_ptr", "delta_ptr", "dq_acc_ptr", "dsink_rows_ptr", "sinks_ptr"}
+_INT_POINTERS = {"cu_q_ptr", "cu_k_ptr", "cup_q_ptr", "cup_k_ptr", "pos_q_ptr", "pos_k_ptr"}
+_FLOATS = {"sm_scale", "softcap"}
+
+
+def _signature(fn: triton.JITFunction, dtype: str) -> dict[str, str]:
+    signature = {}
+    for index, name in enumerate(fn.arg_names):
+        if index in fn.constexprs:
+            signature[name] = "constexpr"
+        elif name in _FP32_POINTERS:
+            signature[name] = "*fp32"
+        elif name in _INT_POINTERS:
+            signature[name] = "*i32"
+        elif name.endswith("_ptr"):
+            signature[name] = f"*{dtype}"
+        else:
+            signature[name] = "fp32" if name in _FLOATS else "i32"
+    return signature
+
+
+def _variant(head_dim: int = 128, head_dim_v: int = 128, **flags: bool) -> dict[str, int | bool]:
+    meta: dict[str, int | bool] = {
+        "GROUP": 1,
+        "HEAD_DIM": head_dim,
+        "HEAD_DIM_V": head_dim_v,
+        "BLOCK_D": max(16, triton.next_power_of_2(head_dim)),
+        "BLOCK_DV": max(16, triton.next_power_of_2(head_dim_v)),
+        "HAS_POSITIONS": False,
+        "HAS_LEFT": False,
+        "HAS_RIGHT": True,
+        "SOFTCAP": False,
+        "UPCAST": False,
+        "TMA": False,
+        "WARP_SPEC": False,
+    }
+    meta.update(flags)
+    return meta
+
+
+_ALL = {"HAS_LEFT": True, "SOFTCAP": True, "HAS_POSITIONS": True}
+# name -> (kernel, dtype, constexprs, (block_m, block_n, warps, stages))
+CONFIGS = {
+    "fwd": ("_attention_fwd_kernel", "bf16", _variant(HAS_SINKS=False, ACCUMULATE=False), (128, 64, 8, 3)),
+    "fwd-tma": (
+        "_attention_fwd_kernel",
+        "bf16",
+        _variant(HAS_SINKS=False, ACCUMULATE=False, TMA=True),
+        (128, 64, 8, 3),
+    ),
+    "fwd-tma-ws": (
+        "_attention_fwd_kernel",
+        "bf16",
+        _variant(HAS_SINKS=False, ACCUMULATE=False, TMA=True, WARP_SPEC=True),
+        (128, 64, 8, 3),
+    ),
+    "fwd-variants-tma": (
+        "_attention_fwd_kernel",
+        "bf16",
+        _variant(72, 136, HAS_SINKS=True, ACCUMULATE=True, TMA=True, **_ALL),
+        (64, 64, 4, 3),
+    ),
+    "fwd-fp32-tma": (
+        "_attention_fwd_kernel",
+        "fp32",
+        _variant(HAS_SINKS=False, ACCUMULATE=False, TMA=True),
+        (32, 32, 4, 2),
+    ),
+    "dkdv": ("_attention_bwd_dkdv_kernel", "bf16", _variant(DQ_MODE=0), (32, 64, 4, 2)),
+    "dkdv-tma": ("_attention_bwd_dkdv_kernel", "bf16", _variant(DQ_MODE=0, TMA=True), (32, 64, 4, 3)),
+    "dkdv-variants-tma-atomic": (
+        "_attention_bwd_dkdv_kernel",
+        "bf16",
+        _variant(40, 24, DQ_MODE=1, TMA=True, **_ALL),
+        (32, 64, 4, 2),
+    ),
+    "dq": ("_attention_bwd_dq_kernel", "bf16", _variant(), (128, 64, 8, 3)),
+    "dq-tma": ("_attention_bwd_dq_kernel", "bf16", _variant(TMA=True, **_ALL), (128, 64, 8, 3)),
+}
+
+
+def compile_config(name: str) -> dict[str, int]:
+    """Compile one configuration; counts of Hopper instructions in its PTX."""
+    kernel, dtype, meta, (block_m, block_n, warps, stages) = CONFIGS[name]
+    fn = getattr(kernels, kernel)
+    constexprs = {**meta, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    constexprs = {key: value for key, value in constexprs.items() if key in fn.arg_names}
+    source = ASTSource(fn=fn, signature=_signature(fn, dtype), constexprs=constexprs)
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+    )
+    ptx = compiled.asm["ptx"]
+    return {"wgmma": ptx.count("wgmma.mma_async"), "bulk_tensor": ptx.count("cp.async.bulk.tensor")}
+
+
+if __name__ == "__main__":
+    names = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
+    for config in names or list(CONFIGS):
+        stats = compile_config(config)
+        print("ok", config, *(f"{key}={value}" for key, value in stats.items()), flush=True)
