@@ -13,6 +13,8 @@ from torch import Tensor
 
 from thd.errors import ThdTypeError, ThdValueError
 from thd.ops.attention.checks import (
+    MAX_HEAD_DIM,
+    MAX_SEQLEN_LIMIT,
     check_head_dim,
     check_layout_tensors,
     check_max_seqlen,
@@ -61,6 +63,24 @@ def resolve_options(
     deterministic: object,
 ) -> AttentionOptions:
     """Checked options, with the default scale ``D ** -0.5``."""
+    if isinstance(q, Tensor) and type(window_size) is tuple and len(window_size) == 2:
+        # The common call (float or default scale, int window, float or int softcap) in a few
+        # comparisons; anything else, every error included, takes the checks below.
+        left, right = window_size
+        scale = softmax_scale
+        if (
+            type(left) is int
+            and type(right) is int
+            and left >= -1
+            and right >= -1
+            and (scale is None or (type(scale) is float and -math.inf < scale < math.inf))
+            and (type(softcap) is float or type(softcap) is int)
+            and 0 <= softcap < math.inf
+            and not (causal and right > 0)
+        ):
+            scale = q.shape[-1] ** -0.5 if scale is None else scale
+            window = (left, right)
+            return AttentionOptions(float(scale), bool(causal), window, float(softcap), bool(deterministic))
     if not isinstance(q, Tensor):
         raise ThdTypeError(f"{fn}: q: expected a torch.Tensor, got {type(q).__name__}")
     scale = check_softmax_scale(fn, softmax_scale)
@@ -90,6 +110,8 @@ def check_call(
     fn: str, q: Tensor, k: Tensor, v: Tensor, layout: VarlenLayout, options: AttentionOptions, sinks: object
 ) -> None:
     """Shapes, dtypes, devices and scalar arguments of one call."""
+    if _passes(q, k, v, layout, sinks):
+        return
     check_qkv(fn, q, k, v)
     if q.dtype == torch.float64:
         raise ThdTypeError(f"{fn}: q dtype: expected fp16/bf16/fp32, got {q.dtype}")
@@ -101,6 +123,75 @@ def check_call(
     if sinks is not None:
         _check_sinks(fn, q, sinks)
     _check_positions(fn, q, layout)
+
+
+_HALF_OR_SINGLE = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _passes(q: object, k: object, v: object, layout: VarlenLayout, sinks: object) -> bool:
+    """True only if every check of :func:`check_call` passes: the common call (fp16/bf16/fp32, no
+    positions, int or None bounds) in a few comparisons. False says nothing: run the checks."""
+    if type(layout) is not VarlenLayout:
+        return False
+    cu_q, cu_kv, cup_q, cup_kv = (
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_kv,
+        layout.cu_seqlens_q_padded,
+        layout.cu_seqlens_kv_padded,
+    )
+    if not (
+        isinstance(q, Tensor)
+        and isinstance(k, Tensor)
+        and isinstance(v, Tensor)
+        and isinstance(cu_q, Tensor)
+        and isinstance(cu_kv, Tensor)
+        and layout.positions_q is None
+        and layout.positions_kv is None
+    ):
+        return False
+    dtype = q.dtype
+    if dtype not in _HALF_OR_SINGLE or k.dtype is not dtype or v.dtype is not dtype:
+        return False
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        return False
+    _, heads, dim = q.shape
+    rows_kv, kv_heads, dim_k = k.shape
+    rows_v, v_heads, dim_v = v.shape
+    if (
+        dim_k != dim
+        or rows_v != rows_kv
+        or v_heads != kv_heads
+        or kv_heads == 0
+        or heads % kv_heads
+        or dim % 8
+        or dim_v % 8
+        or not 8 <= dim <= MAX_HEAD_DIM
+        or not 8 <= dim_v <= MAX_HEAD_DIM
+    ):
+        return False
+    int32 = torch.int32
+    if cu_q.dtype is not int32 or cu_kv.dtype is not int32 or cu_q.dim() != 1 or cu_q.shape[0] < 1:
+        return False
+    if cu_kv.shape != cu_q.shape:
+        return False
+    device = q.device
+    if k.device != device or v.device != device or cu_q.device != device or cu_kv.device != device:
+        return False
+    for cup, cu in ((cup_q, cu_q), (cup_kv, cu_kv)):
+        if cup is not None and not (
+            isinstance(cup, Tensor) and cup.dtype is int32 and cup.shape == cu.shape and cup.device == device
+        ):
+            return False
+    for bound in (layout.max_seqlen_q, layout.max_seqlen_kv):
+        if bound is not None and not (type(bound) is int and 0 <= bound <= MAX_SEQLEN_LIMIT):
+            return False
+    return sinks is None or (
+        isinstance(sinks, Tensor)
+        and sinks.dim() == 1
+        and sinks.shape[0] == heads
+        and sinks.dtype in _HALF_OR_SINGLE
+        and sinks.device == device
+    )
 
 
 def _check_positions(fn: str, q: Tensor, layout: VarlenLayout) -> None:

@@ -4,8 +4,9 @@
 context-parallel ring); they take a :class:`VarlenLayout` and :class:`AttentionOptions`.
 :func:`attention` is the differentiable public API. ``torch.compile`` traces it through the
 custom ops ``thd::attention_fwd`` / ``thd::attention_bwd`` (no graph breaks, capturable);
-eager mode takes :class:`AttentionFunction`, whose Python dispatch is several times cheaper.
-Both share one context setup and one backward body.
+eager mode takes :class:`AttentionFunction`, whose Python dispatch is several times cheaper,
+or, when no gradient can be recorded (``no_grad``, ``inference_mode``), calls the forward
+directly. Both share one context setup and one backward body.
 
 Backend choice: CUDA tensors run the Triton kernels; CPU tensors run the torch reference,
 except under ``TRITON_INTERPRET=1`` where they run the Triton kernels through the
@@ -318,12 +319,18 @@ def _save(
     ctx.mark_non_differentiable(lse)
 
 
-def _grads(ctx, dout: Tensor, backward_fn) -> tuple[Tensor | None, ...]:  # type: ignore[no-untyped-def]
-    """``(dq, dk, dv, dsinks)`` from the saved context, by ``backward_fn`` (the op or the function)."""
+def _saved(ctx) -> tuple:  # type: ignore[no-untyped-def]
+    """``(q, k, v, sinks, out, lse, layout, options)`` from the saved context."""
     q, k, v, sinks, out, lse, *cu = ctx.saved_tensors
     layout = VarlenLayout(*cu[:4], *ctx.max_seqlens, *cu[4:])
-    options: AttentionOptions = ctx.options
-    dq, dk, dv, dsinks = backward_fn(dout.contiguous(), q, k, v, out, lse, sinks, *_flat(layout, options))
+    return q, k, v, sinks, out, lse, layout, ctx.options
+
+
+def _grads(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[no-untyped-def]
+    """``(dq, dk, dv, dsinks)`` from the saved context, by the backward custom op."""
+    q, k, v, sinks, out, lse, layout, options = _saved(ctx)
+    flat = _flat(layout, options)
+    dq, dk, dv, dsinks = _attention_bwd_op(dout.contiguous(), q, k, v, out, lse, sinks, *flat)
     return dq, dk, dv, (dsinks if sinks is not None else None)
 
 
@@ -335,15 +342,10 @@ def _op_setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-d
 
 def _op_backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def]
     del dlse  # lse is an auxiliary output; it carries no gradient
-    return (*_grads(ctx, dout, _attention_bwd_op), *([None] * 14))
+    return (*_grads(ctx, dout), *([None] * 14))
 
 
 _attention_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context)
-
-
-def _eager_backward(do, q, k, v, out, lse, sinks, *rest):  # type: ignore[no-untyped-def]
-    layout, options = _unflat(*rest)
-    return _backward(do, q, k, v, out, lse, layout, options, sinks)
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -366,7 +368,22 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def, override]
         del dlse
-        return (*_grads(ctx, dout, _eager_backward), None, None)
+        q, k, v, sinks, out, lse, layout, options = _saved(ctx)
+        dq, dk, dv, dsinks = _backward(dout.contiguous(), q, k, v, out, lse, layout, options, sinks)
+        return dq, dk, dv, (dsinks if sinks is not None else None), None, None
+
+
+def _no_gradients() -> bool:
+    """Whether no gradient of any kind can be recorded now: grad mode off (``no_grad``,
+    ``inference_mode``), no functorch transform active and no forward-AD dual level entered."""
+    return (
+        not torch.is_grad_enabled()
+        and not _functorch_active()
+        and getattr(torch.autograd.forward_ad, "_current_level", 0) < 0
+    )
+
+
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -455,6 +472,8 @@ def attention(
     layout = _resolved(layout)
     if torch.compiler.is_compiling():
         out, lse = _attention_fwd_op(q, k, v, sinks, *_flat(layout, options))
+    elif _no_gradients():  # the Function would add only its dispatch cost: no graph to record
+        out, lse = _forward(q, k, v, layout, options, sinks)
     else:
         out, lse = AttentionFunction.apply(q, k, v, sinks, layout, options)
     return (out, lse) if return_lse else out
