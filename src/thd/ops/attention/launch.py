@@ -16,6 +16,7 @@ from torch import Tensor
 from triton.runtime import _allocation
 
 from thd.ops.attention import kernels
+from thd.ops.attention.fast_launch import KernelLauncher
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = ["CANDIDATES", "TILES", "Tile", "backward", "forward", "tile_for"]
@@ -53,22 +54,24 @@ class Tile:
 
 # (kernel, head-dim class, long sequences) -> tile. The head-dim class is the padded head dim
 # (64, 128 or 256); sequences are long when max_seqlen > 1024. Measured on one H200 with
-# benchmarks/tune_attention.py (bf16, 16 heads, causal packed documents).
+# benchmarks/tune_attention.py (bf16, 16 heads, causal packed documents; the 64/128 entries are
+# benchmarks/results/attention-tiles.json's best_tiles, code 2011187). TMA tiles fall back to
+# pointer loads where the tensors do not allow descriptors.
 TILES: dict[tuple[str, int, bool], Tile] = {
     ("fwd", 64, False): Tile(128, 64, 4, 3),
-    ("fwd", 64, True): Tile(128, 64, 4, 3),
+    ("fwd", 64, True): Tile(64, 64, 4, 3, tma=True),
     ("fwd", 128, False): Tile(64, 64, 4, 3),
-    ("fwd", 128, True): Tile(128, 64, 8, 3),
+    ("fwd", 128, True): Tile(64, 64, 4, 3, tma=True),
     ("fwd", 256, False): Tile(64, 32, 4, 2),
     ("fwd", 256, True): Tile(64, 32, 4, 2),
-    ("dkdv", 64, False): Tile(32, 64, 4, 2),
-    ("dkdv", 64, True): Tile(32, 64, 4, 2),
-    ("dkdv", 128, False): Tile(32, 64, 4, 2),
-    ("dkdv", 128, True): Tile(32, 64, 4, 2),
+    ("dkdv", 64, False): Tile(32, 128, 4, 3),
+    ("dkdv", 64, True): Tile(32, 128, 4, 3),
+    ("dkdv", 128, False): Tile(32, 64, 4, 3),
+    ("dkdv", 128, True): Tile(32, 64, 4, 3),
     ("dkdv", 256, False): Tile(32, 64, 4, 2),
     ("dkdv", 256, True): Tile(32, 64, 4, 2),
     ("dq", 64, False): Tile(64, 64, 4, 3),
-    ("dq", 64, True): Tile(64, 64, 4, 3),
+    ("dq", 64, True): Tile(64, 64, 4, 3, tma=True),
     ("dq", 128, False): Tile(128, 64, 8, 3),
     ("dq", 128, True): Tile(128, 64, 8, 3),
     ("dq", 256, False): Tile(64, 32, 4, 2),
@@ -216,6 +219,10 @@ else:
         "dkdv": kernels._attention_bwd_dkdv_kernel,
         "dq": kernels._attention_bwd_dq_kernel,
     }
+# Cached launches (fast_launch.py, opt-in with THD_FAST_LAUNCH=1): a specialization's first launch
+# takes Triton's path, later ones skip its per-launch Python work; otherwise plain fn[grid].
+_LAUNCHERS = {name: KernelLauncher(fn) for name, fn in _KERNELS.items()}
+_PREPROCESS = KernelLauncher(kernels._attention_bwd_preprocess_kernel)
 
 
 _TMA_ENABLED = os.environ.get("THD_TMA", "1") != "0"
@@ -256,7 +263,8 @@ def _launch(
         return
     tile = tile_for(kernel, meta, rows)
     block = tile.block_n if kernel == "dkdv" else tile.block_m
-    fn[(max(1, triton.cdiv(rows, block)), num_heads, num_seqs + 1)](
+    _LAUNCHERS[kernel].run(
+        (max(1, triton.cdiv(rows, block)), num_heads, num_seqs + 1),
         *args,
         **constexprs,
         TMA=tile.tma and tma_ok,
@@ -396,7 +404,8 @@ def backward(
     bucket = _seq_bucket(max(max_q, max_kv))
     if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
         block = 64
-        kernels._attention_bwd_preprocess_kernel[(triton.cdiv(max_q, block), num_heads, num_seqs)](
+        _PREPROCESS.run(
+            (triton.cdiv(max_q, block), num_heads, num_seqs),
             out,
             do,
             delta,
