@@ -89,6 +89,7 @@ CONFIGS = {
         _variant(40, 24, DQ_MODE=1, TMA=True, **_ALL),
         (32, 64, 4, 2),
     ),
+    "dkdv-tma-reduce": ("_attention_bwd_dkdv_kernel", "bf16", _variant(DQ_MODE=2, TMA=True), (64, 64, 4, 2)),
     "dq": ("_attention_bwd_dq_kernel", "bf16", _variant(), (128, 64, 8, 3)),
     "dq-tma": ("_attention_bwd_dq_kernel", "bf16", _variant(TMA=True, **_ALL), (128, 64, 8, 3)),
 }
