@@ -170,8 +170,8 @@ def _prune(kernel: str):  # type: ignore[no-untyped-def]
 # How the non-deterministic backward adds dQ (see kernels.py): 0 its own kernel (as the
 # deterministic backward always does), 1 per-element atomics, 2 one bulk TMA reduction per tile.
 # Mode 0 on the GPU: on the H200 (f2af2bb) the split kernels beat per-element atomics (run 1 of
-# benchmarks/tune_attention.py); the TMA reduction is opt-in until it is measured (its first
-# H200 run failed for want of a per-thread allocator, see _ensure_allocator).
+# benchmarks/tune_attention.py); the TMA reduction is opt-in until it is measured (its one H200
+# run failed with "no allocator was set"; launches now set it per thread, see _ensure_allocator).
 FAST_DQ_MODE = 1 if _INTERPRET else int(os.environ.get("THD_DQ_MODE", "0"))
 
 
