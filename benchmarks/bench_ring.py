@@ -29,6 +29,17 @@ no options); ``--group bound`` adds ``device_id`` (the library then derives by `
 and ``--group high-priority`` creates it with high-priority streams itself (the old benchmark's
 setup). ``NCCL_NVLS_ENABLE=0`` and ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1`` are set for the ranks.
 
+Host profile (``--host-profile``, no GPU needed): the ring's own Python cost per call on ``--cp``
+gloo ranks (CPU), the tiny host-time problem at 2 heads x 16 dims. ``orchestration``: the
+expensive parts stubbed (attention launches return preallocated results and write nothing, the
+exchanges post nothing, the plan-table launch returns the table of the first call, the padding
+cleanup does nothing) on the path a CUDA call with ``max_seqlen_*`` takes (no host reads or
+validation, Triton kernels); what remains is the orchestration (checks, transport lookup, plan,
+per-step tables and records, allocations, autograd). ``cpu``: nothing stubbed (gloo, torch
+reference attention, validated path). Per call: best of 3 rounds of ``--host-calls`` calls, max
+over ranks, plus what one call issues (attention / plan-table / padding-cleanup launches,
+exchanges, aten ops). ``--host-profile-top K`` prints rank 0's cProfile (K rows).
+
 Launch plainly (``python benchmarks/bench_ring.py --out f.json``: starts ``--cp`` ranks itself
 with ``torch.multiprocessing``, mp.spawn) or with torchrun. Rank 0 writes one JSON with the
 command, the commit (``--commit``, else git), GPU, versions, transports, records and summaries.
@@ -324,6 +335,148 @@ def host_times(cp: int, rank: int, args: argparse.Namespace) -> list[dict[str, A
     return out
 
 
+class _Counts:
+    """What one ring call issues, counted through the stubs of :func:`_stub_ring`."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.values[name] = self.values.get(name, 0) + n
+
+
+def _stub_ring(counts: _Counts) -> None:
+    """Replace the ring's expensive parts by stubs that count their calls (see ``--host-profile``)."""
+    import thd.cp.ring as ring
+    import thd.ops.ring_plan
+    import thd.padding
+    from thd.cp.comm import Pending, RingComm
+
+    results: dict[tuple, Any] = {}
+
+    def forward(q, k, v, layout, options, sinks=None, accumulate=None):  # type: ignore[no-untyped-def]
+        counts.add("attention_launches")
+        if accumulate is not None:
+            return accumulate
+        key = ("fwd", q.shape, v.shape, q.dtype)
+        if key not in results:
+            out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+            results[key] = (out, q.new_zeros(q.shape[1], q.shape[0], dtype=torch.float32))
+        return results[key]
+
+    def backward(do, q, k, v, out, lse, layout, options, sinks=None):  # type: ignore[no-untyped-def]
+        counts.add("attention_launches", 3)  # preprocess, dK/dV, dQ
+        key = ("bwd", q.shape, k.shape, v.shape, q.dtype)
+        if key not in results:
+            results[key] = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None)
+        return results[key]
+
+    real_tables = thd.ops.ring_plan.ring_plan_tables
+
+    def tables(cu: Tensor, cup: Tensor, cp: int, *, exact: bool) -> Tensor:
+        counts.add("plan_table_launches")
+        key = ("tables", id(cu), id(cup), cp, exact)
+        if key not in results:
+            results[key] = (cu, cup, real_tables(cu, cup, cp, exact=exact))
+        return results[key][2]
+
+    def zero_padding_(x: Tensor, *args: object, **kwargs: object) -> Tensor:
+        counts.add("padding_cleanup_launches")
+        return x
+
+    def start(self: RingComm, ops: Sequence[object]) -> Pending:
+        counts.add("exchanges")
+        return Pending()
+
+    if hasattr(ring, "_ATTENTION"):
+        ring._ATTENTION.update(_forward=forward, _backward=backward, _use_triton=lambda x: True)
+    else:  # older ring: through the public low-level entry points
+        import thd.ops.attention as attention
+
+        attention.attention_forward = lambda *a, sinks=None, accumulate=None: forward(*a, sinks, accumulate)
+        attention.attention_backward = lambda *a, sinks=None: backward(*a, sinks)
+    thd.ops.ring_plan.ring_plan_tables = tables
+    thd.padding.zero_padding_ = zero_padding_
+    RingComm.start = start  # type: ignore[method-assign]
+    ring._host_reads_allowed = lambda *a: False  # a CUDA call with max_seqlen_*: no host reads
+
+
+def _count_aten(fn: Callable[[], object]) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+def host_profile(cp: int, rank: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--host-profile``: the ring's Python cost per call on CPU (see the module docstring)."""
+    import cProfile
+    import io
+    import pstats
+
+    from thd.cp import ring_attention
+
+    device = torch.device("cpu")
+    torch.set_num_threads(1)  # one core per rank: no oversubscription
+    heads, dim, m = 2, 16, 2 * cp
+    lens = [300, 97, 11 * m]  # the host-time problem: padded slots, the exact per-rank-count path
+    slots = [_round_up(n, m) for n in lens]
+    cu, cup = _cumsum(lens, device), _cumsum(slots, device)
+    rows, longest = sum(slots), max(lens)
+    ring = lambda q, k, v: ring_attention(
+        q, k, v, cu, cu, cup, cup, causal=True, pad_between_seqs=True, max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+    )  # fmt: skip
+    calls = _callables(ring, rows // cp, heads, heads, dim, 30 + rank, device)
+    counts = _Counts()
+    stubbed = args.host_profile == "orchestration"
+    if stubbed:
+        _stub_ring(counts)
+    n_calls = args.host_calls if stubbed else max(5, args.host_calls // 50)
+    out = []
+    for mode in args.modes:
+        fn = calls[mode]
+        for _ in range(10):
+            fn()
+        counts.values.clear()
+        fn()
+        issued = dict(counts.values) if stubbed else {}
+        best = float("inf")
+        profile = cProfile.Profile() if args.host_profile_top and rank == 0 else None
+        for _ in range(3):
+            dist.barrier()
+            if profile is not None:
+                profile.enable()
+            t0 = time.perf_counter()
+            for _ in range(n_calls):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / n_calls * 1e6)
+            if profile is not None:
+                profile.disable()
+        issued["aten_ops"] = _count_aten(fn)  # after the timing: a dispatch mode leaves state behind
+        us = _rank_max([best], device)[0]
+        row = {"variant": args.host_profile, "mode": mode, "cp": cp, "tokens_per_gpu": rows // cp,
+               "heads": heads, "head_dim": dim, "calls": n_calls, "us_per_call": us,
+               "per_call": issued}  # fmt: skip
+        out.append(row)
+        if rank == 0:
+            print(row, file=sys.stderr, flush=True)
+            if profile is not None:
+                text = io.StringIO()
+                stats = pstats.Stats(profile, stream=text).sort_stats("tottime")
+                stats.print_stats(args.host_profile_top)
+                print(text.getvalue(), file=sys.stderr, flush=True)
+    return out
+
+
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """CP efficiency per (tokens, kv heads, mix, layout, provider, mode): ring TFLOP/s per GPU / single."""
 
@@ -405,6 +558,12 @@ def worker(rank: int, world: int, args: argparse.Namespace, init_method: str | N
     try:
         records: list[dict[str, Any]] = []
         host: list[dict[str, Any]] = []
+        if args.host_profile:
+            host = host_profile(world, rank, args)
+            if rank == 0:
+                write_json(args.out, _payload(args, world, logs.lines, records, host, True))
+                print(f"wrote {args.out}", file=sys.stderr)
+            return
 
         def dump(complete: bool) -> None:  # rank 0, after every shape: a cut-short run keeps its data
             if rank == 0:
@@ -469,7 +628,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--commit", default="", help="commit the code is at (the device copy has no .git)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 8k tokens, MHA, few iterations")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo smoke test")
+    parser.add_argument(
+        "--host-profile", choices=("orchestration", "cpu"), default=None,
+        help="the ring's Python cost per call on CPU gloo ranks (implies --device cpu; see the docstring)",
+    )  # fmt: skip
+    parser.add_argument("--host-profile-top", type=int, default=0, help="print rank 0's cProfile (rows)")
     args = parser.parse_args(argv)
+    if args.host_profile:
+        args.device = "cpu"
     if args.quick:
         args.tokens, args.kv_heads, args.warmup, args.iters, args.host_calls = [8192], [args.heads], 1, 3, 20
     args.command = shlex.join(

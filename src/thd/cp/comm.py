@@ -22,6 +22,14 @@ Rules (everything in :mod:`thd.cp.ring` goes through :class:`RingComm`):
   (``_start_coalescing``/``send``/``recv``/``_end_coalescing``, what ``batch_isend_irecv`` does
   after its argument checks), which saves host time per exchange; other backends, and torch
   builds without those calls, go through ``dist.batch_isend_irecv``.
+
+Host time (issue 12): an exchange is described by :class:`P2P` records (``dist.P2POp``'s
+fields without its per-op group and argument resolution, several microseconds each), turned
+into ``dist.P2POp`` only for ``batch_isend_irecv``. The fork onto the side stream and the join
+back record one cached event per (device, stream) instead of a new one per ``wait_stream``, and
+switch the current stream with ``torch.cuda.set_stream`` instead of a ``StreamContext``.
+Reusing an event is safe: a wait captures the event's latest record when it is issued, eagerly
+and during CUDA-graph capture alike.
 """
 
 from __future__ import annotations
@@ -36,9 +44,10 @@ from torch import Tensor
 
 from thd.errors import ThdDistributedError
 
-__all__ = ["Pending", "RingComm", "resolve_group"]
+__all__ = ["P2P", "Pending", "RingComm", "resolve_group"]
 
 _SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
+_EVENTS: dict[tuple[int, int], torch.cuda.Event] = {}
 
 
 def _side_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream | None:
@@ -54,6 +63,33 @@ def _side_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream |
     return stream
 
 
+def _wait(waiter: torch.cuda.Stream, producer: torch.cuda.Stream) -> None:
+    """``waiter.wait_stream(producer)`` through the cached event of ``producer`` (one per
+    (device, stream), never a new one per call)."""
+    key = (producer.device_index, producer.cuda_stream)
+    event = _EVENTS.get(key)
+    if event is None:
+        if len(_EVENTS) >= 256:  # streams come and go: keep the cache bounded
+            _EVENTS.clear()
+        event = _EVENTS[key] = torch.cuda.Event()
+    event.record(producer)
+    waiter.wait_event(event)
+
+
+class P2P:
+    """One send or receive of an exchange: ``dist.P2POp``'s fields (``op`` is ``dist.isend`` or
+    ``dist.irecv``, ``peer`` a global rank), without its per-op argument resolution."""
+
+    __slots__ = ("group", "op", "peer", "tag", "tensor")
+
+    def __init__(self, op: object, tensor: Tensor, peer: int, group: dist.ProcessGroup, tag: int) -> None:
+        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+
+    def p2p_op(self) -> dist.P2POp:
+        """The ``dist.P2POp`` of this record (for ``dist.batch_isend_irecv``)."""
+        return dist.P2POp(self.op, self.tensor, self.peer, self.group, self.tag)  # type: ignore[arg-type]
+
+
 def resolve_group(fn: str, group: dist.ProcessGroup | None) -> dist.ProcessGroup:
     """``group`` or the default group; :class:`ThdDistributedError` when there is none."""
     if not dist.is_available():
@@ -64,11 +100,19 @@ def resolve_group(fn: str, group: dist.ProcessGroup | None) -> dist.ProcessGroup
             "torch.distributed.init_process_group(...) first (cp=1 still needs a process group)"
         )
     resolved = dist.group.WORLD if group is None else group
+    if resolved is not None and _MEMBER_OF.get(id(resolved)) is resolved:
+        return resolved  # membership never changes: checked once per group
     if resolved is None or dist.get_rank(resolved) < 0:
         raise ThdDistributedError(
             f"{fn}: group: this process (global rank {dist.get_rank()}) is not a member of the group"
         )
+    if len(_MEMBER_OF) >= 64:
+        _MEMBER_OF.clear()
+    _MEMBER_OF[id(resolved)] = resolved  # a strong reference: the id cannot be reused while cached
     return resolved
+
+
+_MEMBER_OF: dict[int, dist.ProcessGroup] = {}
 
 
 @dataclass
@@ -78,16 +122,20 @@ class Pending:
     works: list[dist.Work] = field(default_factory=list)
     tensors: list[Tensor] = field(default_factory=list)
     stream: torch.cuda.Stream | None = None
+    current: torch.cuda.Stream | None = None
+    """The stream that was current when the exchange was posted, if known (the one that waits:
+    the ring waits within the call that posted, on the same stream)."""
 
     def wait(self) -> None:
         """Order the current stream after the exchange (host wait on CPU/gloo). Idempotent."""
         for work in self.works:
             work.wait()
         if self.stream is not None:
-            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+            current = self.current
+            _wait(torch.cuda.current_stream(self.stream.device) if current is None else current, self.stream)
         self.works.clear()
         self.tensors.clear()
-        self.stream = None
+        self.stream = self.current = None
 
 
 class RingComm:
@@ -124,15 +172,15 @@ class RingComm:
         """Global rank of the group member ``offset`` places after this one (mod size)."""
         return self._global[(self.rank + offset) % self.size]
 
-    def send(self, tensor: Tensor, offset: int, tag: int) -> dist.P2POp:
+    def send(self, tensor: Tensor, offset: int, tag: int) -> P2P:
         """An isend of ``tensor`` to the member ``offset`` places away (``+1`` next, ``-1`` previous)."""
-        return dist.P2POp(dist.isend, tensor, self.peer(offset), self.p2p_group, tag)
+        return P2P(dist.isend, tensor, self._global[(self.rank + offset) % self.size], self.p2p_group, tag)
 
-    def recv(self, tensor: Tensor, offset: int, tag: int) -> dist.P2POp:
+    def recv(self, tensor: Tensor, offset: int, tag: int) -> P2P:
         """An irecv into ``tensor`` from the member ``offset`` places away."""
-        return dist.P2POp(dist.irecv, tensor, self.peer(offset), self.p2p_group, tag)
+        return P2P(dist.irecv, tensor, self._global[(self.rank + offset) % self.size], self.p2p_group, tag)
 
-    def start(self, ops: Sequence[dist.P2POp]) -> Pending:
+    def start(self, ops: Sequence[P2P | dist.P2POp]) -> Pending:
         """Post ``ops`` as one batch (one NCCL group); returns the :class:`Pending` handle."""
         if not ops:
             return Pending()
@@ -142,18 +190,25 @@ class RingComm:
         if stream is None:
             return Pending(self._post(ops, device), tensors)
         current = torch.cuda.current_stream(device)
-        stream.wait_stream(current)  # buffers produced/freed by queued work are safe; forks under capture
-        with torch.cuda.stream(stream):
-            works = self._post(ops, device)
-        return Pending(works, tensors, stream)
+        _wait(stream, current)  # buffers produced/freed by queued work are safe; forks under capture
+        if current.device_index != torch.cuda.current_device():
+            with torch.cuda.stream(stream):  # another device's stream: the context switches devices
+                works = self._post(ops, device)
+        else:
+            torch.cuda.set_stream(stream)
+            try:
+                works = self._post(ops, device)
+            finally:
+                torch.cuda.set_stream(current)
+        return Pending(works, tensors, stream, current)
 
-    def _post(self, ops: Sequence[dist.P2POp], device: torch.device) -> list[dist.Work]:
+    def _post(self, ops: Sequence[P2P | dist.P2POp], device: torch.device) -> list[dist.Work]:
         """Issue ``ops`` as one coalesced batch on ``p2p_group`` (from the current stream)."""
         group = self.p2p_group
         if self._coalesce is None:
             self._coalesce = _can_coalesce(group, device)
         if not self._coalesce:
-            return list(dist.batch_isend_irecv(list(ops)))
+            return list(dist.batch_isend_irecv([op.p2p_op() if isinstance(op, P2P) else op for op in ops]))
         group._start_coalescing(device)
         try:
             for op in ops:

@@ -40,7 +40,6 @@ whole sequences is dropped and the call runs the plain schedule.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -57,7 +56,7 @@ from thd.cp.checks import (
     max_len,
     resolve_max_seqlen,
 )
-from thd.cp.comm import RingComm, resolve_group
+from thd.cp.comm import P2P, RingComm, resolve_group
 from thd.cp.transport import ring_comm
 from thd.errors import ThdError
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
@@ -79,10 +78,31 @@ _FN = "ring_attention"
 _KV, _DKV = 0, 1  # message kinds, part of the p2p tag
 
 
+_ATTENTION: dict[str, object] = {}
+
+
+def _attention(name: str):  # type: ignore[no-untyped-def]
+    """``thd.ops.attention.interface``'s ``_forward``/``_backward``/``_use_triton`` (imported on
+    first use: keeps ``import thd.cp`` free of Triton). The ring calls the attention without
+    its per-call argument checks: it checked q, k, v, sinks and the variants itself, and it
+    builds every layout and accumulator."""
+    fn = _ATTENTION.get(name)
+    if fn is None:
+        from thd.ops.attention import interface
+
+        fn = _ATTENTION[name] = getattr(interface, name)
+    return fn
+
+
 def _clean_padding(plan: RingPlan, out: Tensor | None = None, grads: tuple[Tensor, ...] = ()) -> None:
     """Exact zeros on the padding rows of ``out`` (query layout) and ``(dq, dk, dv)``; only
-    when the layout has padding."""
+    when the layout has padding, and only after the torch reference: the Triton kernels already
+    write exact zeros on every row outside a launch's real rows (forward and backward), which
+    the ring relies on anyway when it adds per-step results, so their padding rows are zero."""
     if not plan.pad:
+        return
+    x = out if out is not None else grads[0]
+    if _attention("_use_triton")(x):
         return
     from thd.padding import zero_padding_  # imported on use: thd.padding imports Triton
 
@@ -101,9 +121,18 @@ def _resolve_pad(explicit: bool | None, cu: Tensor, cup: Tensor | None, cp: int)
     return resolve_pad_between_seqs(explicit, cu, cup, cp_size=cp)
 
 
+def _host_reads_allowed(q: Tensor, max_seqlen_q: int | None, max_seqlen_kv: int | None) -> bool:
+    """Whether the call validates its layout and may read device memory: not under capture, and
+    CPU tensors or a ``max_seqlen_*`` not given."""
+    return not is_capturing() and (q.device.type != "cuda" or max_seqlen_q is None or max_seqlen_kv is None)
+
+
 def _tag(step: int, kind: int) -> int:
     """Base p2p tag of a step's message kind; the tensors of one message take ``base + index``."""
     return 4 * step + 2 * kind
+
+
+_CAUSAL: dict[AttentionOptions, AttentionOptions] = {}  # base options -> with the other causal flag
 
 
 @dataclass(frozen=True)
@@ -116,7 +145,14 @@ class Launch:
     sinks: bool = False
 
     def _options(self, base: AttentionOptions) -> AttentionOptions:
-        return replace(base, causal=self.causal)
+        if base.causal == self.causal:
+            return base
+        options = _CAUSAL.get(base)  # by value: calls with the same options share one entry
+        if options is None:
+            if len(_CAUSAL) >= 64:
+                _CAUSAL.clear()
+            options = _CAUSAL[base] = replace(base, causal=self.causal)
+        return options
 
     def forward(
         self,
@@ -130,16 +166,8 @@ class Launch:
         """``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``, zeros / ``-inf`` outside this launch's rows;
         with ``accumulate`` this launch is merged into that partial result in place instead.
         ``sinks`` is used only when this launch carries them."""
-        from thd.ops.attention import attention_forward  # on use: keeps `import thd.cp` free of Triton
-
-        return attention_forward(
-            q,
-            k,
-            v,
-            self.layout,
-            self._options(options),
-            sinks=sinks if self.sinks else None,
-            accumulate=accumulate,
+        return _attention("_forward")(
+            q, k, v, self.layout, self._options(options), sinks if self.sinks else None, accumulate
         )
 
     def backward(
@@ -155,10 +183,8 @@ class Launch:
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """``(dq, dk, dv, dsinks)`` of this launch from the merged ``out`` and ``lse``; ``dsinks``
         (over this launch's real query rows) only when it carries the sinks."""
-        from thd.ops.attention import attention_backward
-
-        return attention_backward(
-            do, q, k, v, out, lse, self.layout, self._options(options), sinks=sinks if self.sinks else None
+        return _attention("_backward")(
+            do, q, k, v, out, lse, self.layout, self._options(options), sinks if self.sinks else None
         )
 
 
@@ -427,14 +453,16 @@ def _windowed_plan(
 
 
 def _exchange(
-    comm: RingComm, tensors: Sequence[Tensor], offset: int, tag: int
-) -> tuple[list[Tensor], list[dist.P2POp]]:
-    """Receive buffers, and the ops that send ``tensors`` ``offset`` places on and receive the
-    matching tensors from ``offset`` places back (tensor ``i`` travels with tag ``tag + i``)."""
-    received = [torch.empty_like(t) for t in tensors]
-    sends = [comm.send(t, offset, tag + i) for i, t in enumerate(tensors)]
-    recvs = [comm.recv(t, -offset, tag + i) for i, t in enumerate(received)]
-    return received, sends + recvs
+    comm: RingComm, tensors: tuple[Tensor, Tensor], offset: int, tag: int
+) -> tuple[list[Tensor], list[P2P]]:
+    """Receive buffers, and the ops that send the two ``tensors`` ``offset`` places on and receive
+    the matching tensors from ``offset`` places back (tensor ``i`` travels with tag ``tag + i``)."""
+    a, b = tensors
+    received = [torch.empty_like(a), torch.empty_like(b)]
+    ra, rb = received
+    ops = [comm.send(a, offset, tag), comm.send(b, offset, tag + 1)]
+    ops += (comm.recv(ra, -offset, tag), comm.recv(rb, -offset, tag + 1))
+    return received, ops
 
 
 def _forward_step(
@@ -545,7 +573,7 @@ def _ring_backward(
     dkv: tuple[Tensor, Tensor] | None = None
     for i in range(cp):
         j = (r + 1 + i) % cp
-        ops: list[dist.P2POp] = []
+        ops: list[P2P] = []
         dkv_in = kv_next = None
         if dkv is not None:  # i > 0: pass the finished partial on, receive the next one
             dkv_in, dkv_ops = _exchange(comm, dkv, -1, _tag(i, _DKV))
@@ -595,6 +623,15 @@ def _single_forward(
     return out, lse
 
 
+def _forward(
+    q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None, plan: RingPlan, comm: RingComm, overlap: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(out, lse, k_last, v_last)``: the K/V the backward starts from (``k, v`` at cp = 1)."""
+    if plan.cp_size == 1:
+        return (*_single_forward(q, k, v, sinks, plan), k, v)
+    return _ring_forward(q, k, v, sinks, plan, comm, overlap)
+
+
 class RingAttentionFunction(torch.autograd.Function):
     """Autograd wrapper of the forward and reverse rings. The gradient of ``sinks`` is this
     rank's part (over its own query rows); the caller sums it over the group."""
@@ -610,12 +647,8 @@ class RingAttentionFunction(torch.autograd.Function):
         comm: RingComm,
         overlap: bool,
     ) -> tuple[Tensor, Tensor]:
-        if plan.cp_size == 1:
-            out, lse = _single_forward(q, k, v, sinks, plan)
-            ctx.save_for_backward(q, k, v, out, lse, sinks)
-        else:
-            out, lse, k_last, v_last = _ring_forward(q, k, v, sinks, plan, comm, overlap)
-            ctx.save_for_backward(q, k_last, v_last, out, lse, sinks)
+        out, lse, k_last, v_last = _forward(q, k, v, sinks, plan, comm, overlap)
+        ctx.save_for_backward(q, k_last, v_last, out, lse, sinks)
         ctx.plan, ctx.comm, ctx.overlap = plan, comm, overlap  # type: ignore[attr-defined]
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -725,9 +758,7 @@ def ring_attention(
     grp = resolve_group(_FN, group)
     comm = ring_comm(grp, q)  # the transport: chosen on the first call with grp, then cached
     cp = comm.size
-    sync_ok = not is_capturing() and (
-        q.device.type != "cuda" or max_seqlen_q is None or max_seqlen_kv is None
-    )
+    sync_ok = _host_reads_allowed(q, max_seqlen_q, max_seqlen_kv)
     error: Exception | None = None
     options = AttentionOptions(1.0)
     try:
@@ -794,5 +825,10 @@ def ring_attention(
             window_counts.update(pairs=plan.pairs, launches=plan.launches, skipped=plan.skipped)
         else:
             window_counts["covering"] += 1
-    out, lse = RingAttentionFunction.apply(q, k, v, sinks, plan, comm, bool(_overlap))
+    if torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
+    ):
+        out, lse = RingAttentionFunction.apply(q, k, v, sinks, plan, comm, bool(_overlap))
+    else:  # nothing to differentiate: the forward without autograd.Function's dispatch
+        out, lse = _forward(q, k, v, sinks, plan, comm, bool(_overlap))[:2]
     return (out, lse) if return_lse else out

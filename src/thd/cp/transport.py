@@ -55,7 +55,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from thd._capture import is_capturing
-from thd.cp.comm import Pending, RingComm, _side_stream
+from thd.cp.comm import P2P, Pending, RingComm, _side_stream, _wait
 from thd.errors import ThdValueError
 
 __all__ = ["AUTO", "TRANSPORTS", "clear_cache", "requested_transport", "ring_comm"]
@@ -76,12 +76,21 @@ _DERIVE_BACKEND = "nccl"
 
 
 def requested_transport() -> str:
-    """``THD_CP_TRANSPORT`` normalised (``auto`` when unset); :class:`ThdValueError` if unknown."""
+    """``THD_CP_TRANSPORT`` normalised (``auto`` when unset); :class:`ThdValueError` if unknown.
+
+    Read on every call; each raw value is parsed once (a dict lookup after that)."""
     raw = os.environ.get(ENV, "")
-    mode = raw.strip().lower().replace("_", "-") or "auto"
-    if mode not in _CODES:
-        raise ThdValueError(f"ring_attention: {ENV}={raw!r}: expected one of {', '.join(TRANSPORTS)}")
+    mode = _PARSED.get(raw)
+    if mode is None:
+        mode = raw.strip().lower().replace("_", "-") or "auto"
+        if mode not in _CODES:
+            raise ThdValueError(f"ring_attention: {ENV}={raw!r}: expected one of {', '.join(TRANSPORTS)}")
+        if len(_PARSED) < 64:
+            _PARSED[raw] = mode
     return mode
+
+
+_PARSED: dict[str, str] = {}
 
 
 @dataclass
@@ -91,6 +100,7 @@ class _Entry:
 
 
 _CACHE: dict[tuple[int, str, str], _Entry] = {}
+_CPU = torch.device("cpu")
 _CAPTURE_LOGGED: set[int] = set()
 
 
@@ -106,7 +116,7 @@ def ring_comm(group: dist.ProcessGroup, like: Any) -> RingComm:
     Collective over ``group`` on the first call with it (see the module docstring); every member
     must make it, as every member calls ``ring_attention``.
     """
-    device = like.device if isinstance(like, Tensor) else torch.device("cpu")
+    device = like.device if isinstance(like, Tensor) else _CPU
     mode = requested_transport()
     key = (id(group), device.type, AUTO if mode == "auto" else mode)  # auto shares its target's entry
     entry = _CACHE.get(key)
@@ -370,7 +380,7 @@ class SymmMemComm(RingComm):
         self._buf, self._handle = buf, handle
         self._views = {r: handle.get_buffer(r, (nbytes,), torch.uint8) for r in range(self.size)}
 
-    def start(self, ops: Sequence[dist.P2POp]) -> Pending:
+    def start(self, ops: Sequence[P2P | dist.P2POp]) -> Pending:
         if not ops:
             return Pending()
         plan = self._plan(ops)
@@ -383,7 +393,8 @@ class SymmMemComm(RingComm):
             self.reserve(total)
         stream = _side_stream(self.device, priority=-1)
         assert stream is not None and self._handle is not None
-        stream.wait_stream(torch.cuda.current_stream(self.device))
+        current = torch.cuda.current_stream(self.device)
+        _wait(stream, current)
         mine, theirs = self._buf, self._views[src]
         assert mine is not None
         with torch.cuda.stream(stream):
@@ -393,9 +404,9 @@ class SymmMemComm(RingComm):
             for op, off in zip(recvs, offsets, strict=True):
                 op.tensor.copy_(_slice(theirs, off, op.tensor))
             self._handle.barrier(channel=0, timeout_ms=self.timeout_ms)
-        return Pending([], [op.tensor for op in ops], stream)
+        return Pending([], [op.tensor for op in ops], stream, current)
 
-    def _plan(self, ops: Sequence[dist.P2POp]) -> tuple[list, list, list[int], int, int] | None:
+    def _plan(self, ops: Sequence[P2P | dist.P2POp]) -> tuple[list, list, list[int], int, int] | None:
         """Sends and receives in tag order with their buffer offsets and the source group rank,
         or None when the batch is not a one-peer-each-way exchange of matching tensors."""
         sends = sorted((op for op in ops if op.op is dist.isend), key=lambda op: op.tag)

@@ -1,0 +1,127 @@
+"""Host-time shortcuts of the ring (issue 12) keep its behaviour: the per-call environment read,
+the exchange records, the reused fork/join events, the membership cache and the forward without
+autograd when nothing needs a gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from _dist import spawn
+
+from thd.cp import comm as comm_mod
+from thd.cp import partition, ring_attention
+from thd.cp import ring as ring_mod
+from thd.cp import transport as tp
+from thd.errors import ThdDistributedError, ThdValueError
+
+
+def test_transport_env_is_read_on_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(tp.ENV, "NCCL")
+    assert tp.requested_transport() == "nccl"
+    monkeypatch.setenv(tp.ENV, "nccl_high_priority")
+    assert tp.requested_transport() == "nccl-high-priority"
+    monkeypatch.setenv(tp.ENV, "NCCL")  # parsed before: the same answer from the memo
+    assert tp.requested_transport() == "nccl"
+    monkeypatch.delenv(tp.ENV)
+    assert tp.requested_transport() == "auto"
+    for _ in range(2):  # an unknown value is never memoised: it raises every time
+        monkeypatch.setenv(tp.ENV, "carrier-pigeon")
+        with pytest.raises(ThdValueError, match="carrier-pigeon"):
+            tp.requested_transport()
+
+
+class _FakeEvent:
+    made = 0
+
+    def __init__(self) -> None:
+        _FakeEvent.made += 1
+        self.recorded_on: list[object] = []
+
+    def record(self, stream: object) -> None:
+        self.recorded_on.append(stream)
+
+
+class _FakeStream:
+    def __init__(self, handle: int, index: int = 0) -> None:
+        self.cuda_stream, self.device_index = handle, index
+        self.waited: list[object] = []
+
+    def wait_event(self, event: object) -> None:
+        self.waited.append(event)
+
+
+def test_wait_reuses_one_event_per_producer_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(comm_mod, "_EVENTS", {})
+    _FakeEvent.made = 0
+    current, side, other = _FakeStream(1), _FakeStream(2), _FakeStream(3)
+    for _ in range(3):
+        comm_mod._wait(side, current)  # fork
+        comm_mod._wait(current, side)  # join
+    comm_mod._wait(side, other)
+    assert _FakeEvent.made == 3  # one per producer stream, never one per wait
+    fork = comm_mod._EVENTS[(0, 1)]
+    assert fork.recorded_on == [current] * 3 and side.waited[:3] == [fork] * 3
+    assert current.waited == [comm_mod._EVENTS[(0, 2)]] * 3
+
+
+def _worker(rank: int, world: int) -> None:
+    # Exchange records: the fields of dist.P2POp, peers in group order.
+    group = dist.group.WORLD
+    comm = tp.ring_comm(group, torch.empty(0))
+    t = torch.zeros(3)
+    send, recv = comm.send(t, 1, 7), comm.recv(t, -1, 8)
+    assert (send.op, send.peer, send.tag) == (dist.isend, (rank + 1) % world, 7) and send.tensor is t
+    assert (recv.op, recv.peer, recv.tag) == (dist.irecv, (rank - 1) % world, 8)
+    assert recv.group is comm.p2p_group
+    op = send.p2p_op()
+    assert isinstance(op, dist.P2POp) and (op.op, op.peer, op.tag) == (dist.isend, send.peer, 7)
+    # Membership: checked once per group, a non-member is still rejected on every call.
+    assert comm_mod.resolve_group("f", None) is group
+    assert comm_mod.resolve_group("f", None) is group
+    only_zero = dist.new_group([0])
+    for _ in range(2):
+        if rank == 0:
+            assert comm_mod.resolve_group("f", only_zero) is only_zero
+        else:
+            with pytest.raises(ThdDistributedError, match="not a member"):
+                comm_mod.resolve_group("f", only_zero)
+    # No gradient needed: the forward without autograd.Function gives the same bits.
+    m = 2 * world
+    lens, slots = [13, 2 * m, 5], [_up(13, m), 2 * m, _up(5, m)]
+    cu = torch.tensor([0, *_cumsum(lens)], dtype=torch.int32)
+    cup = torch.tensor([0, *_cumsum(slots)], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (partition(torch.randn(sum(slots), 2, 16, generator=gen), cup, world, rank) for _ in range(3))
+    for max_seqlen in (None, max(lens)):
+        kwargs = dict(causal=True, max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen, return_lse=True)
+        qg = q.clone().requires_grad_()
+        out_g, lse_g = ring_attention(qg, k, v, cu, cu, cup, cup, **kwargs)
+        assert out_g.grad_fn is not None
+        with torch.no_grad():
+            out_n, lse_n = ring_attention(qg, k, v, cu, cu, cup, cup, **kwargs)
+        out_p, lse_p = ring_attention(q, k, v, cu, cu, cup, cup, **kwargs)  # nothing requires grad
+        for out, lse in ((out_n, lse_n), (out_p, lse_p)):
+            assert out.grad_fn is None and not out.requires_grad
+            assert torch.equal(out, out_g.detach()) and torch.equal(lse, lse_g)
+        before = dict(ring_mod.path_counts)
+        ring_attention(q, k, v, cu, cu, cup, cup, **kwargs)
+        assert ring_mod.path_counts["rank_counts"] == before.get("rank_counts", 0) + 1
+
+
+def _up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _cumsum(xs: list[int]) -> list[int]:
+    out, total = [], 0
+    for x in xs:
+        total += x
+        out.append(total)
+    return out
+
+
+@pytest.mark.distributed
+def test_host_time_shortcuts_gloo() -> None:
+    spawn(_worker, 2, timeout_s=120)
