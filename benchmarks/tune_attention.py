@@ -26,9 +26,9 @@ from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 MIXES = [(16384, 64, 1024), (16384, 256, 4096), (32768, 512, 8192)]
 T = launch.Tile
-# Swept tiles per kernel: the previous table's tiles, then tensor-descriptor (TMA) tiles (the only
-# ones whose K/V or Q/dO loads the compiler pipelines, see tests/ops/test_kernels_compile.py), and
-# one warp-specialized tile last (on sm_90 the Triton 3.9 compiler emits no warp_specialize op).
+# Swept tiles per kernel: the previous table's tiles, then tensor-descriptor (TMA) tiles (bulk
+# tensor copies instead of the cp.async copies of the pointer loads), and one warp-specialized
+# tile last (on sm_90 the Triton 3.9 compiler emits no warp_specialize op for these kernels).
 SWEEP: dict[str, list[launch.Tile]] = {
     "fwd": [
         T(128, 64, 8, 3),

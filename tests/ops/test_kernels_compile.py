@@ -1,5 +1,6 @@
 """The attention kernels compile for a Hopper GPU (sm_90) on a machine without one, and their fast
-paths use Hopper's instructions: 16-bit matrix products are ``wgmma`` and ``tma`` tiles arrive by
+paths use Hopper's instructions: 16-bit matrix products are ``wgmma``, pointer tiles are
+pipelined through 16-byte ``cp.async`` copies and ``tma`` tiles arrive by
 bulk tensor copies (``cp.async.bulk.tensor``). Runs ``tests/ops/_compile_sm90.py`` in a process
 without ``TRITON_INTERPRET`` (the interpreter has nothing to compile)."""
 
@@ -54,3 +55,11 @@ def test_tma_tiles_use_bulk_tensor_copies(compiled: dict[str, dict[str, int]]) -
             assert stats["bulk_tensor"] > 0, name
         else:
             assert stats["bulk_tensor"] == 0, name
+
+
+def test_pointer_tiles_are_pipelined(compiled: dict[str, dict[str, int]]) -> None:
+    """Without TMA the tiles arrive by 16-byte asynchronous copies (the software pipeline), given
+    the alignment a launch on contiguous tensors specializes on."""
+    for name, stats in compiled.items():
+        if "-tma" not in name and "fp32" not in name:
+            assert stats["cp_async_16"] > 0, name
