@@ -22,6 +22,10 @@ def test_table_holds_the_sweeps_best_tiles() -> None:
         assert launch._tile_entry(tile) == entry, key
 
 
+def test_default_dq_mode_is_the_sweeps() -> None:
+    assert json.loads(SWEEP.read_text())["best_dq_mode"] == launch.MEASURED_DQ_MODE
+
+
 def test_tile_files_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiles = {
         ("fwd", 128, True): launch.Tile(64, 64, 4, 3, tma=True),

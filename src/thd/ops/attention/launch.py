@@ -173,7 +173,10 @@ def _prune(kernel: str):  # type: ignore[no-untyped-def]
 # Mode 0 on the GPU: on the H200 (f2af2bb) the split kernels beat per-element atomics (run 1 of
 # benchmarks/tune_attention.py); the TMA reduction is opt-in until it is measured (its one H200
 # run failed with "no allocator was set"; launches now set it per thread, see _ensure_allocator).
-FAST_DQ_MODE = 1 if _INTERPRET else int(os.environ.get("THD_DQ_MODE", "0"))
+# MEASURED_DQ_MODE is the best_dq_mode of benchmarks/results/attention-tiles.json (a test keeps
+# them equal): a sweep that finds the atomic backward faster moves the default with the table.
+MEASURED_DQ_MODE = 0
+FAST_DQ_MODE = 1 if _INTERPRET else int(os.environ.get("THD_DQ_MODE", str(MEASURED_DQ_MODE)))
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> Tensor:
