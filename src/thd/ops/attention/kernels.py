@@ -15,6 +15,12 @@ Memory safety: every row range read from ``cu_seqlens`` is clamped to the tensor
 the device (:func:`_span`), so an invalid layout on the unvalidated path gives garbage in
 the outputs but never a read or write outside q, k, v, out, lse or the gradients.
 
+Tile loads: with ``TMA`` the inner loops read their tiles through device-side tensor
+descriptors whose shape is one sequence's real rows (:func:`_row_source`): the copy engine
+fills rows past the sequence with 0 and never touches them, so the same guarantee holds as for
+the masked pointer loads (:func:`_load_rows`). The launcher chooses ``TMA`` per tile and only
+where the tensors allow descriptors. ``WARP_SPEC`` asks Triton to warp-specialize the loops.
+
 Visibility: query ``i`` of a sequence sees key ``j`` iff ``j - i`` lies in
 ``[off - left, off + right]`` with ``off = Lk - Lq`` (bottom-right alignment), or
 ``off = pos_q[b] - pos_k[b]`` with ``HAS_POSITIONS`` (the ring's chunks of a longer sequence). ``causal`` is
