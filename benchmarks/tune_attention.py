@@ -55,6 +55,10 @@ SWEEP: dict[str, list[launch.Tile]] = {
         T(64, 64, 4, 4, tma=True),
         T(64, 128, 8, 3, tma=True),
         T(32, 128, 8, 3, tma=True),
+        # 16 query rows per step: the only dK/dV tile with dQ reductions (--dq-modes 2) that
+        # ptxas compiles without spills at head_dim 128 (sm_90a, Triton 3.9)
+        T(16, 64, 4, 3),
+        T(16, 64, 4, 3, tma=True),
     ],
     "dq": [
         T(128, 64, 8, 3),
