@@ -23,6 +23,7 @@ __all__ = [
     "make_qkv",
     "poison_rows",
     "poisoned_allocations",
+    "reference64",
     "tolerance",
 ]
 
@@ -271,3 +272,48 @@ def poisoned_allocations() -> Iterator[None]:
     finally:
         torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
         torch.utils.deterministic.fill_uninitialized_memory = previous_fill  # type: ignore[attr-defined]
+
+
+REFERENCE_NAMES = ("out", "lse", "dq", "dk", "dv", "dsinks")
+
+
+def reference64(
+    layout: Layout,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    do: Tensor,
+    kwargs: dict[str, Any],
+    sinks: Tensor | None = None,
+    *,
+    budget: int = 8 << 30,
+) -> dict[str, Tensor | None]:
+    """Float64 ``out, lse, dq, dk, dv, dsinks`` of :func:`thd.ops.attention.reference.attention`
+    (``dsinks`` None without sinks), computed a few heads at a time to bound memory.
+
+    The reference keeps about eight ``[Lq, Lk]`` float64 buffers per head and sequence for
+    autograd; heads go in groups that keep that under ``budget`` bytes (GQA groups stay whole).
+    """
+    from thd.ops.attention import reference
+
+    kwargs = {key: value for key, value in kwargs.items() if key != "deterministic"}
+    group = q.shape[1] // k.shape[1]
+    area = sum(lq * lk for lq, lk in zip(layout.lens_q, layout.lens_kv, strict=True))
+    chunk = max(1, min(k.shape[1], budget // (max(area, 1) * 8 * 8 * group)))
+    parts = []
+    for j0 in range(0, k.shape[1], chunk):
+        j1 = min(k.shape[1], j0 + chunk)
+        heads = slice(j0 * group, j1 * group)
+        leaves = [t.double().requires_grad_() for t in (q[:, heads], k[:, j0:j1], v[:, j0:j1])]
+        sink_leaf = None if sinks is None else sinks[heads].double().requires_grad_()
+        out, lse = reference.attention(*leaves, **kwargs, sinks=sink_leaf, return_lse=True)
+        out.backward(do[:, heads].double())
+        grads = [t.grad for t in leaves] + [None if sink_leaf is None else sink_leaf.grad]
+        assert all(g is not None for g in grads[:3])
+        parts.append(dict(zip(REFERENCE_NAMES, [out.detach(), lse.detach(), *grads], strict=True)))
+    dims = {"out": 1, "lse": 0, "dq": 1, "dk": 1, "dv": 1, "dsinks": 0}
+    result: dict[str, Tensor | None] = {}
+    for name in REFERENCE_NAMES:
+        pieces = [part[name] for part in parts]
+        result[name] = None if pieces[0] is None else torch.cat(pieces, dim=dims[name])  # type: ignore[arg-type]
+    return result

@@ -43,9 +43,9 @@ from tests._helpers import (
     make_qkv,
     poison_rows,
     poisoned_allocations,
+    reference64,
 )
 from thd.errors import ThdValueError
-from thd.ops.attention import reference
 
 pytestmark = pytest.mark.gpu
 
@@ -158,24 +158,9 @@ def _reference64(
     *,
     budget: int = 8 << 30,
 ) -> list[Tensor]:
-    """Float64 ``[out, lse, dq, dk, dv]``, computed a few heads at a time to bound memory.
-
-    The reference keeps about eight ``[Lq, Lk]`` float64 buffers per head and sequence for
-    autograd; heads go in groups that keep that under ``budget`` bytes (GQA groups stay whole).
-    """
-    kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ != "deterministic"}
-    group = q.shape[1] // k.shape[1]
-    area = sum(lq * lk for lq, lk in zip(layout.lens_q, layout.lens_kv, strict=True))
-    per_kv_head = max(area, 1) * 8 * 8 * group
-    chunk = max(1, min(k.shape[1], budget // per_kv_head))
-    parts = []
-    for j0 in range(0, k.shape[1], chunk):
-        j1 = min(k.shape[1], j0 + chunk)
-        heads = slice(j0 * group, j1 * group)
-        inputs = [q[:, heads].double(), k[:, j0:j1].double(), v[:, j0:j1].double()]
-        parts.append(_fwd_bwd(reference.attention, inputs, do[:, heads].double(), kwargs))
-    dims = (1, 0, 1, 1, 1)  # head dim of out, lse, dq, dk, dv
-    return [torch.cat([p[i] for p in parts], dim=dim) for i, dim in enumerate(dims)]
+    """Float64 ``[out, lse, dq, dk, dv]`` (:func:`tests._helpers.reference64`)."""
+    want = reference64(layout, q, k, v, do, kwargs, budget=budget)
+    return [want[name] for name in ("out", "lse", "dq", "dk", "dv")]  # type: ignore[misc]
 
 
 # --- comparisons ------------------------------------------------------------------------------

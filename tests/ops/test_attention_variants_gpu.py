@@ -31,15 +31,22 @@ import torch
 from torch import Tensor
 
 import thd
-from tests._helpers import Layout, assert_close, assert_rows_equal, make_layout, make_qkv
-from thd.ops.attention import reference
+from tests._helpers import (
+    REFERENCE_NAMES,
+    Layout,
+    assert_close,
+    assert_rows_equal,
+    make_layout,
+    make_qkv,
+    reference64,
+)
 
 pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
 BF16 = torch.bfloat16
 COMPILE_BACKEND = "inductor"
-NAMES = ("out", "lse", "dq", "dk", "dv", "dsinks")
+NAMES = REFERENCE_NAMES
 CU_NAMES = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
 
 # Bounds against the float64 reference for bf16 inputs (as in test_attention_gpu.py): elementwise
@@ -118,30 +125,9 @@ def _reference64(
     do: Tensor,
     sinks: Tensor | None,
     kwargs: dict[str, Any],
-    *,
-    budget: int = 8 << 30,
 ) -> dict[str, Tensor | None]:
-    """Float64 results of the reference, a few heads at a time to bound memory (GQA groups whole)."""
-    kwargs = {k_: v_ for k_, v_ in kwargs.items() if k_ != "deterministic"}
-    group = q.shape[1] // k.shape[1]
-    area = sum(lq * lk for lq, lk in zip(layout.lens_q, layout.lens_kv, strict=True))
-    per_kv_head = max(area, 1) * 8 * 8 * group
-    chunk = max(1, min(k.shape[1], budget // per_kv_head))
-    parts = []
-    for j0 in range(0, k.shape[1], chunk):
-        j1 = min(k.shape[1], j0 + chunk)
-        heads = slice(j0 * group, j1 * group)
-        inputs = [q[:, heads].double(), k[:, j0:j1].double(), v[:, j0:j1].double()]
-        head_sinks = None if sinks is None else sinks[heads].double()
-        parts.append(
-            _fwd_bwd(_attend(reference.attention, kwargs), inputs, do[:, heads].double(), head_sinks)
-        )
-    dims = {"out": 1, "lse": 0, "dq": 1, "dk": 1, "dv": 1, "dsinks": 0}
-    result: dict[str, Tensor | None] = {}
-    for name in NAMES:
-        pieces = [p[name] for p in parts]
-        result[name] = None if pieces[0] is None else torch.cat(pieces, dim=dims[name])  # type: ignore[arg-type]
-    return result
+    """Float64 results of the reference (:func:`tests._helpers.reference64`)."""
+    return reference64(layout, q, k, v, do, kwargs, sinks)
 
 
 # --- comparisons ------------------------------------------------------------------------------

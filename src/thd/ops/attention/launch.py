@@ -255,10 +255,17 @@ def _tma_capable(*tensors: Tensor) -> bool:
 
 
 def _launch(
-    kernel: str, rows: int, num_heads: int, num_seqs: int, meta: dict, tma_ok: bool, *args: object
+    kernel: str,
+    rows: int,
+    num_heads: int,
+    num_seqs: int,
+    meta: dict,
+    tiled: tuple[Tensor, Tensor],
+    *args: object,
 ) -> None:
-    """Launch ``kernel`` on a ``(row blocks, heads, sequences + 1)`` grid. ``tma_ok``: the tensors
-    the kernel reads tiles of pass :func:`_tma_capable`."""
+    """Launch ``kernel`` on a ``(row blocks, heads, sequences + 1)`` grid. ``tiled``: the tensors
+    whose tiles the inner loop reads; a ``tma`` tile uses descriptors only if they pass
+    :func:`_tma_capable` (checked only for such tiles)."""
     fn = _KERNELS[kernel]
     constexprs = {name: value for name, value in meta.items() if name != "FP32"}
     if _AUTOTUNE:
@@ -272,7 +279,7 @@ def _launch(
         (max(1, _cdiv(rows, block)), num_heads, num_seqs + 1),
         *args,
         **constexprs,
-        TMA=tile.tma and tma_ok,
+        TMA=tile.tma and _tma_capable(*tiled),
         WARP_SPEC=tile.warp_specialize,
         BLOCK_M=tile.block_m,
         BLOCK_N=tile.block_n,
@@ -383,7 +390,7 @@ def forward(
         num_heads,
         layout.num_seqs,
         {**meta, "HAS_SINKS": sinks is not None, "ACCUMULATE": accumulate is not None},
-        _tma_capable(k, v),
+        (k, v),
         q,
         k,
         v,
@@ -488,7 +495,7 @@ def backward(
             num_kv_heads,
             num_seqs,
             {**meta, "DQ_MODE": dq_mode},
-            _tma_capable(q, do),
+            (q, do),
             q,
             k,
             v,
@@ -518,7 +525,7 @@ def backward(
             num_heads,
             num_seqs,
             meta,
-            _tma_capable(k, v),
+            (k, v),
             q,
             k,
             v,
