@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from thd.ops.attention import AttentionOptions, VarlenLayout, attention_backward, attention_forward
+from thd.ops.attention import AttentionOptions, VarlenLayout, attention_backward, attention_forward, launch
 
 ROWS = 40
 CANARY = 3.25
@@ -66,13 +66,30 @@ def _run(name: str, device: str) -> None:
     assert bool((lse_buf[:, :16] == CANARY).all() and (lse_buf[:, -16:] == CANARY).all()), "write around lse"
 
 
+def _force_tma(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every launch on tensor-descriptor (TMA) tiles: the interpreter tile, and the table's."""
+    tma = launch.Tile(32, 32, 4, 1, tma=True)
+    monkeypatch.setattr(launch, "_INTERPRETER_TILE", tma)
+    monkeypatch.setattr(launch, "TILES", {key: launch.Tile(64, 64, 4, 2, tma=True) for key in launch.TILES})
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("name", list(INVALID))
-def test_invalid_layouts_stay_inside_tensors_cpu(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_invalid_layouts_stay_inside_tensors_cpu(
+    name: str, tma: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("THD_ATTENTION_BACKEND", "triton")
+    if tma:
+        _force_tma(monkeypatch)
     _run(name, "cpu")
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True], ids=["table", "tma"])
 @pytest.mark.parametrize("name", list(INVALID))
-def test_invalid_layouts_stay_inside_tensors_gpu(name: str) -> None:
+def test_invalid_layouts_stay_inside_tensors_gpu(
+    name: str, tma: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if tma:
+        _force_tma(monkeypatch)
     _run(name, "cuda")
