@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -26,35 +28,36 @@ from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 MIXES = [(16384, 64, 1024), (16384, 256, 4096), (32768, 512, 8192)]
 T = launch.Tile
-# Swept tiles per kernel: the previous table's tiles, then tensor-descriptor (TMA) tiles (bulk
-# tensor copies instead of the cp.async copies of the pointer loads), and one warp-specialized
-# tile last (on sm_90 the Triton 3.9 compiler emits no warp_specialize op for these kernels).
+# Swept tiles per kernel: the table's tiles and their neighbours, pointer loads (cp.async) and
+# tensor-descriptor (TMA) loads. Dropped after the 2011187 sweep (committed there): tiles that were
+# never within 10% of the best on any mix, and the warp-specialized tile (slower on every mix; the
+# Triton 3.9 compiler emits no warp_specialize op for these kernels on sm_90).
 SWEEP: dict[str, list[launch.Tile]] = {
     "fwd": [
-        T(128, 64, 8, 3),
         T(64, 64, 4, 3),
-        T(128, 64, 4, 3),
-        T(128, 64, 8, 3, tma=True),
-        T(128, 64, 8, 4, tma=True),
-        T(128, 128, 8, 2, tma=True),
-        T(128, 128, 8, 3, tma=True),
         T(64, 64, 4, 3, tma=True),
-        T(64, 64, 4, 4, tma=True),
+        T(64, 64, 4, 2, tma=True),
+        T(128, 64, 4, 3),
+        T(128, 64, 8, 3),
+        T(128, 128, 8, 3),
+        T(128, 128, 8, 3, tma=True),
+        T(64, 128, 4, 2),
+        T(64, 128, 4, 3),
+        T(64, 128, 4, 2, tma=True),
+        T(64, 128, 4, 3, tma=True),
         T(128, 64, 4, 3, tma=True),
-        T(128, 64, 4, 4, tma=True),
-        T(128, 64, 8, 3, tma=True, warp_specialize=True),
     ],
     "dkdv": [
         T(32, 64, 4, 2),
         T(32, 64, 4, 3),
         T(32, 128, 4, 3),
         T(32, 64, 4, 3, tma=True),
-        T(32, 64, 4, 4, tma=True),
         T(32, 128, 4, 3, tma=True),
-        T(64, 64, 4, 3, tma=True),
-        T(64, 64, 4, 4, tma=True),
-        T(64, 128, 8, 3, tma=True),
+        T(32, 128, 8, 3),
         T(32, 128, 8, 3, tma=True),
+        T(64, 128, 8, 2),
+        T(64, 128, 8, 3),
+        T(64, 128, 8, 3, tma=True),
         # 16 query rows per step: the only dK/dV tile with dQ reductions (--dq-modes 2) that
         # ptxas compiles without spills at head_dim 128 (sm_90a, Triton 3.9)
         T(16, 64, 4, 3),
@@ -64,10 +67,9 @@ SWEEP: dict[str, list[launch.Tile]] = {
         T(128, 64, 8, 3),
         T(64, 64, 4, 3),
         T(128, 64, 8, 3, tma=True),
-        T(128, 64, 8, 4, tma=True),
         T(64, 64, 4, 3, tma=True),
-        T(64, 64, 4, 4, tma=True),
-        T(128, 128, 8, 2, tma=True),
+        T(128, 128, 8, 3),
+        T(64, 128, 4, 3),
         T(128, 32, 4, 3, tma=True),
     ],
 }
@@ -185,6 +187,15 @@ def sweep(head_dim: int, heads: int, pad_to: int, modes: list[int]) -> list[dict
     return [_mix(tokens, lo, hi, head_dim, heads, pad_to, modes) for tokens, lo, hi in MIXES]
 
 
+def _tile_named(name: str) -> launch.Tile:
+    """The tile whose :attr:`launch.Tile.name` is ``name`` (e.g. ``64x128w4s3-tma``)."""
+    match = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(-tma)?(-ws)?", name)
+    if match is None:
+        raise ValueError(f"not a tile name: {name!r}")
+    block_m, block_n, warps, stages = (int(x) for x in match.groups()[:4])
+    return launch.Tile(block_m, block_n, warps, stages, tma=bool(match[5]), warp_specialize=bool(match[6]))
+
+
 def best_tiles(sweeps: list[dict]) -> tuple[dict[str, list[int]], int]:
     """Per (kernel, head-dim class, length class) the correct tile with the least total time over
     the mixes (tiles that failed or were wrong on any mix are out), and the dQ mode whose best tiles
@@ -211,7 +222,7 @@ def best_tiles(sweeps: list[dict]) -> tuple[dict[str, list[int]], int]:
         if kernel.startswith("dkdv-mode") and kernel != f"dkdv-mode{mode}":
             continue
         kind = kernel.split("-")[0]
-        tile = next(t for t in SWEEP[kind] if t.name == name)
+        tile = _tile_named(name)
         tiles[f"{kind},{group}"] = launch._tile_entry(tile)
     return tiles, mode
 
@@ -245,15 +256,36 @@ def main() -> None:
     parser.add_argument("--pad-to", default="1")
     parser.add_argument("--emit-tiles", help="write the best tiles (THD_TILES format) and dQ mode here")
     parser.add_argument("--dq-modes", default="0,2", help="backward dQ modes to sweep (0: deterministic)")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="choose from these sweeps' results (e.g. one per GPU) instead",
+    )
     args = parser.parse_args()
-    payload = {"command": command_line(), "env": env_fingerprint(), "host_us": host_time_us(), "sweeps": []}
-    print("host", payload["host_us"], flush=True)
-    for head_dim in (int(x) for x in args.head_dims.split(",")):
-        for pad_to in (int(x) for x in args.pad_to.split(",")):
-            modes = [int(x) for x in args.dq_modes.split(",")]
-            payload["sweeps"] += sweep(head_dim, 16, pad_to, modes)
-            with open(args.out, "w") as fh:
-                json.dump(payload, fh, indent=1)
+    if args.merge:
+        parts = [json.loads(Path(path).read_text()) for path in args.merge]
+        payload = {
+            "command": command_line(),
+            "parts": [{"command": p["command"], "env": p["env"]} for p in parts],
+            "env": parts[0]["env"],
+            "host_us": parts[0]["host_us"],
+            "sweeps": [rec for p in parts for rec in p["sweeps"]],
+        }
+    else:
+        payload = {
+            "command": command_line(),
+            "env": env_fingerprint(),
+            "host_us": host_time_us(),
+            "sweeps": [],
+        }
+        print("host", payload["host_us"], flush=True)
+        for head_dim in (int(x) for x in args.head_dims.split(",")):
+            for pad_to in (int(x) for x in args.pad_to.split(",")):
+                modes = [int(x) for x in args.dq_modes.split(",")]
+                payload["sweeps"] += sweep(head_dim, 16, pad_to, modes)
+                with open(args.out, "w") as fh:
+                    json.dump(payload, fh, indent=1)
     tiles, mode = best_tiles(payload["sweeps"])
     payload["best_tiles"], payload["best_dq_mode"] = tiles, mode
     with open(args.out, "w") as fh:

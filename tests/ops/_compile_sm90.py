@@ -66,29 +66,34 @@ def _variant(head_dim: int = 128, head_dim_v: int = 128, **flags: bool) -> dict[
 _ALL = {"HAS_LEFT": True, "SOFTCAP": True, "HAS_POSITIONS": True}
 # name -> (kernel, dtype, constexprs, (block_m, block_n, warps, stages))
 CONFIGS = {
-    "fwd": ("_attention_fwd_kernel", "bf16", _variant(HAS_SINKS=False, ACCUMULATE=False), (128, 64, 8, 3)),
+    "fwd": (
+        "_attention_fwd_kernel",
+        "bf16",
+        _variant(HAS_SINKS=False, ACCUMULATE=False, FOLD_SCALE=True),
+        (128, 64, 8, 3),
+    ),
     "fwd-tma": (
         "_attention_fwd_kernel",
         "bf16",
-        _variant(HAS_SINKS=False, ACCUMULATE=False, TMA=True),
+        _variant(HAS_SINKS=False, ACCUMULATE=False, FOLD_SCALE=True, TMA=True),
         (128, 64, 8, 3),
     ),
     "fwd-tma-ws": (
         "_attention_fwd_kernel",
         "bf16",
-        _variant(HAS_SINKS=False, ACCUMULATE=False, TMA=True, WARP_SPEC=True),
+        _variant(HAS_SINKS=False, ACCUMULATE=False, FOLD_SCALE=True, TMA=True, WARP_SPEC=True),
         (128, 64, 8, 3),
     ),
     "fwd-variants-tma": (
         "_attention_fwd_kernel",
         "bf16",
-        _variant(72, 136, HAS_SINKS=True, ACCUMULATE=True, TMA=True, **_ALL),
+        _variant(72, 136, HAS_SINKS=True, ACCUMULATE=True, FOLD_SCALE=False, TMA=True, **_ALL),
         (64, 64, 4, 3),
     ),
     "fwd-fp32-tma": (
         "_attention_fwd_kernel",
         "fp32",
-        _variant(HAS_SINKS=False, ACCUMULATE=False, TMA=True),
+        _variant(HAS_SINKS=False, ACCUMULATE=False, FOLD_SCALE=True, TMA=True),
         (32, 32, 4, 2),
     ),
     "dkdv": ("_attention_bwd_dkdv_kernel", "bf16", _variant(DQ_MODE=0), (32, 64, 4, 2)),

@@ -329,28 +329,37 @@ def _fwd_tiles(
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
     UPCAST: tl.constexpr,
     TMA: tl.constexpr,
     WARP_SPEC: tl.constexpr,
 ):
-    """Fold key tiles ``[lo, hi)`` into the online softmax ``(acc, m_i, l_i)`` of one query tile."""
+    """Fold key tiles ``[lo, hi)`` into the online softmax ``(acc, m_i, l_i)`` of one query tile.
+
+    ``FOLD_SCALE`` (a positive scale, no softcap): the row maximum is taken over the raw products
+    and scaled once per row, and each probability is ``exp2`` of one fused multiply-add."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPEC):
         cols = start_n + offs_n
         k = _load_tile(k_src, start_n, cols, offs_d, stride_kt, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        s, _ = _scores(_dot(q, tl.trans(k), UPCAST), sm_scale, softcap, SOFTCAP)
+        if FOLD_SCALE:
+            s = _dot(q, tl.trans(k), UPCAST)
+            scale = sm_scale * LOG2E
+        else:
+            s, _ = _scores(_dot(q, tl.trans(k), UPCAST), sm_scale, softcap, SOFTCAP)
+            scale = 1.0
         if MASKED:
             s = tl.where(
                 _visible(rows[:, None], cols[None, :], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT),
                 s,
                 float("-inf"),
             )
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
+        p = tl.exp2(s * scale - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_tile(v_src, start_n, cols, offs_dv, stride_vt, seqlen_k, HEAD_DIM_V, BLOCK_DV, MASKED, TMA)
         acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], UPCAST)
@@ -399,6 +408,7 @@ def _attention_fwd_kernel(
     SOFTCAP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     ACCUMULATE: tl.constexpr,
+    FOLD_SCALE: tl.constexpr,
     UPCAST: tl.constexpr,
     TMA: tl.constexpr,
     WARP_SPEC: tl.constexpr,
@@ -490,6 +500,7 @@ def _attention_fwd_kernel(
                 HAS_LEFT,
                 HAS_RIGHT,
                 SOFTCAP,
+                FOLD_SCALE,
                 UPCAST,
                 TMA,
                 WARP_SPEC,

@@ -389,7 +389,12 @@ def forward(
         layout.max_seqlen_q,
         num_heads,
         layout.num_seqs,
-        {**meta, "HAS_SINKS": sinks is not None, "ACCUMULATE": accumulate is not None},
+        {
+            **meta,
+            "HAS_SINKS": sinks is not None,
+            "ACCUMULATE": accumulate is not None,
+            "FOLD_SCALE": options.softmax_scale > 0.0 and options.softcap <= 0.0,
+        },
         (k, v),
         q,
         k,
