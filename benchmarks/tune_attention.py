@@ -183,10 +183,6 @@ def _mix(tokens: int, lo: int, hi: int, head_dim: int, heads: int, pad_to: int, 
     return {"tokens": tokens, "docs": f"{lo}-{hi}", "head_dim": head_dim, "pad_to": pad_to, "tiles": tiles}
 
 
-def sweep(head_dim: int, heads: int, pad_to: int, modes: list[int]) -> list[dict]:
-    return [_mix(tokens, lo, hi, head_dim, heads, pad_to, modes) for tokens, lo, hi in MIXES]
-
-
 def _tile_named(name: str) -> launch.Tile:
     """The tile whose :attr:`launch.Tile.name` is ``name`` (e.g. ``64x128w4s3-tma``)."""
     match = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(-tma)?(-ws)?", name)
@@ -280,12 +276,13 @@ def main() -> None:
             "sweeps": [],
         }
         print("host", payload["host_us"], flush=True)
+        modes = [int(x) for x in args.dq_modes.split(",")]
         for head_dim in (int(x) for x in args.head_dims.split(",")):
             for pad_to in (int(x) for x in args.pad_to.split(",")):
-                modes = [int(x) for x in args.dq_modes.split(",")]
-                payload["sweeps"] += sweep(head_dim, 16, pad_to, modes)
-                with open(args.out, "w") as fh:
-                    json.dump(payload, fh, indent=1)
+                for tokens, lo, hi in MIXES:  # written after each mix: a cut run keeps what it measured
+                    payload["sweeps"].append(_mix(tokens, lo, hi, head_dim, 16, pad_to, modes))
+                    with open(args.out, "w") as fh:
+                        json.dump(payload, fh, indent=1)
     tiles, mode = best_tiles(payload["sweeps"])
     payload["best_tiles"], payload["best_dq_mode"] = tiles, mode
     with open(args.out, "w") as fh:
