@@ -34,6 +34,7 @@ def _entry(
     init_method: str,
     backend: str,
     pg_timeout_s: float,
+    bind_device: bool,
     args: tuple[Any, ...],
 ) -> None:
     if backend == "gloo":
@@ -47,6 +48,7 @@ def _entry(
     dist.init_process_group(
         backend, init_method=init_method, rank=rank, world_size=world_size,
         timeout=timedelta(seconds=pg_timeout_s),
+        device_id=torch.device("cuda", rank) if bind_device else None,
     )  # fmt: skip
     try:
         fn(rank, world_size, *args)
@@ -67,8 +69,11 @@ def spawn(
     *args: Any,
     backend: str = "gloo",
     timeout_s: float = 150.0,
+    bind_device: bool = False,
 ) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` fresh processes; raise on failure/timeout.
+
+    ``bind_device``: the default group is created bound to the rank's GPU (``device_id=``).
 
     ``fn`` must be importable (module level) because the processes are started with ``spawn``.
     """
@@ -76,7 +81,7 @@ def spawn(
         init_method = f"file://{os.path.join(tmp, 'rendezvous')}"
         ctx = mp.start_processes(
             _entry,
-            args=(fn, world_size, init_method, backend, max(30.0, timeout_s / 2), args),
+            args=(fn, world_size, init_method, backend, max(30.0, timeout_s / 2), bind_device, args),
             nprocs=world_size,
             join=False,
             start_method="spawn",

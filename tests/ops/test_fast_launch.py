@@ -405,7 +405,11 @@ def test_switch_and_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not fast_launch.enabled()
     monkeypatch.setattr(fast_launch, "_state_ready", False)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert fast_launch.enabled() == (triton.__version__.split("+")[0] in fast_launch.REVIEWED_TRITON_VERSIONS)
+    reviewed = triton.__version__.split("+")[0] in fast_launch.REVIEWED_TRITON_VERSIONS
+    assert fast_launch.enabled() == reviewed
+    monkeypatch.setattr(fast_launch, "_state_ready", False)
+    monkeypatch.delenv("THD_FAST_LAUNCH")  # unset: on by default
+    assert fast_launch.enabled() == reviewed
     monkeypatch.setattr(fast_launch, "_state_ready", False)  # the next launch reads them again
 
 

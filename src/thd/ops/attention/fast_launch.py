@@ -34,8 +34,8 @@ the kernel uses, a callable grid, keyword arguments in place of positional ones,
 of any type but tensor, int, float, bool and None. A key whose check fails, or whose fast
 launch raises (which happens before the kernel is enqueued: argument parsing, pointer checks,
 scratch allocation, the launch call itself), takes the normal path from then on.
-``THD_FAST_LAUNCH``: ``1`` on (where the above allows), unset or ``0`` off (opt-in until it has been
-measured and tested on a GPU), ``verify`` on and
+``THD_FAST_LAUNCH``: unset or ``1`` on (where the above allows; checked against Triton's own launches
+on an H200 with Triton 3.6), ``0`` off, ``verify`` on and
 checking every fast launch against Triton's cache (tests, debugging), ``force`` on with an
 unreviewed Triton whose ``JITFunction.run`` still matches. Read at the first launch;
 :func:`reload_settings` reads it again.
@@ -152,7 +152,7 @@ def reload_settings() -> None:
 def _resolve() -> _Triton | None:
     global _state, _state_ready, _mode
     if not _state_ready:
-        _mode = os.environ.get("THD_FAST_LAUNCH", "0").strip().lower()
+        _mode = os.environ.get("THD_FAST_LAUNCH", "1").strip().lower()
         state = None
         if _mode not in _OFF and os.environ.get("TRITON_INTERPRET", "0") != "1":
             try:

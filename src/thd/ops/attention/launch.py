@@ -56,11 +56,11 @@ class Tile:
 # (kernel, head-dim class, long sequences) -> tile. The head-dim class is the padded head dim
 # (64, 128 or 256); sequences are long when max_seqlen > 1024. Measured on one H200 with
 # benchmarks/tune_attention.py (bf16, 16 heads, causal packed documents; the 64/128 entries are
-# benchmarks/results/attention-tiles.json's best_tiles, code 2011187). TMA tiles fall back to
+# benchmarks/results/attention-tiles.json's best_tiles, code 046257b). TMA tiles fall back to
 # pointer loads where the tensors do not allow descriptors.
 TILES: dict[tuple[str, int, bool], Tile] = {
-    ("fwd", 64, False): Tile(128, 64, 4, 3),
-    ("fwd", 64, True): Tile(64, 64, 4, 3, tma=True),
+    ("fwd", 64, False): Tile(64, 64, 4, 3),
+    ("fwd", 64, True): Tile(64, 64, 4, 3),
     ("fwd", 128, False): Tile(64, 64, 4, 3),
     ("fwd", 128, True): Tile(64, 64, 4, 3, tma=True),
     ("fwd", 256, False): Tile(64, 32, 4, 2),
@@ -71,7 +71,7 @@ TILES: dict[tuple[str, int, bool], Tile] = {
     ("dkdv", 128, True): Tile(32, 64, 4, 3),
     ("dkdv", 256, False): Tile(32, 64, 4, 2),
     ("dkdv", 256, True): Tile(32, 64, 4, 2),
-    ("dq", 64, False): Tile(64, 64, 4, 3),
+    ("dq", 64, False): Tile(64, 64, 4, 3, tma=True),
     ("dq", 64, True): Tile(64, 64, 4, 3, tma=True),
     ("dq", 128, False): Tile(128, 64, 8, 3),
     ("dq", 128, True): Tile(128, 64, 8, 3),
@@ -224,7 +224,7 @@ else:
         "dkdv": kernels._attention_bwd_dkdv_kernel,
         "dq": kernels._attention_bwd_dq_kernel,
     }
-# Cached launches (fast_launch.py, opt-in with THD_FAST_LAUNCH=1): a specialization's first launch
+# Cached launches (fast_launch.py, off with THD_FAST_LAUNCH=0): a specialization's first launch
 # takes Triton's path, later ones skip its per-launch Python work; otherwise plain fn[grid].
 _LAUNCHERS = {name: KernelLauncher(fn) for name, fn in _KERNELS.items()}
 _PREPROCESS = KernelLauncher(kernels._attention_bwd_preprocess_kernel)
