@@ -29,7 +29,9 @@ Collective rules (why derivation cannot deadlock):
   the job never need to call anything.
 - With a bound default group (``init_process_group(..., device_id=...)``), the communicator is
   ``dist.split_group`` of the user's group: ``ncclCommSplit`` over that group's communicator
-  only, ordered like every other collective of the group. Otherwise it is
+  only, ordered like every other collective of the group (torch 2.11 crashes in it when the
+  process destroyed an earlier default NCCL group and created a new one, pytorch/pytorch#192109;
+  ``THD_CP_TRANSPORT=nccl`` avoids it). Otherwise it is
   ``dist.new_group(ranks, use_local_synchronization=True)``: only members call it, and it does
   not advance the job-wide group counter, so the user's own later ``new_group`` calls keep their
   numbering. Its rendezvous name hashes the ranks and the number of groups the process knows;
