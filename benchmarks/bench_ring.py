@@ -283,7 +283,67 @@ def run_shape(
             extra = lambda t=transport, p=probe: {"requested": t, **_Transport.resolved(p)}
             recs = _measure(provider, calls, lambda mode: global_flops(mode) / cp, ring_shape, args, extra)
         records.extend(recs)
+    if args.window and single_too:
+        records.extend(_window_records(args.window, rows // cp, cu, cup, lens, pad, ring_shape, rank, args))
     return records
+
+
+def _window_records(
+    left: int, rows: int, cu: Tensor, cup: Tensor, lens: list[int], pad: bool,
+    shape: dict[str, Any], rank: int, args: argparse.Namespace,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The same ring with ``window_size=(left, 0)`` (``auto`` transport): time, TFLOP/s on visible
+    pairs, and the share of the windowed schedule's launches the ring skipped (no visible pair)."""
+    from thd.cp import ring as ring_mod
+    from thd.cp import ring_attention
+
+    # max_seqlen not given: the ring reads the lengths (one host read) and skips every pair that
+    # no window reaches; with them given it skips only pairs ruled out whatever the lengths are.
+    ring = lambda q, k, v: ring_attention(
+        q, k, v, cu, cu, cup, cup, causal=True, window_size=(left, 0), pad_between_seqs=pad,
+    )  # fmt: skip
+    calls = _callables(
+        ring, rows, args.heads, shape["kv_heads"], args.head_dim, 10 + rank, torch.device(args.device_now)
+    )
+    before = dict(ring_mod.window_counts)
+
+    def extra() -> dict[str, Any]:
+        counts = {
+            k: ring_mod.window_counts[k] - before.get(k, 0) for k in ("calls", "pairs", "launches", "skipped")
+        }
+        share = counts["skipped"] / counts["pairs"] if counts["pairs"] else 0.0
+        return {"requested": "auto", "window_left": left, "window_counts": counts, "skipped_share": share}
+
+    flops = lambda mode: attention_flops(
+        lens, lens, args.heads, args.head_dim, causal=True, mode=mode, window_left=left
+    ) / shape["cp"]  # fmt: skip
+    with _Transport("auto"):
+        return _measure(f"ring_window{left}[auto]", calls, flops, {**shape, "window_left": left}, args, extra)
+
+
+def window_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per shape and mode: the windowed ring's time against the causal ring's (``ring[auto]``)."""
+    plain = {
+        (json_key(r), r["mode"]): r for r in records if r["provider"] == "ring[auto]" and "median_ms" in r
+    }
+    out = []
+    for r in records:
+        if not r["provider"].startswith("ring_window") or "median_ms" not in r:
+            continue
+        base = plain.get((json_key(r), r["mode"]))
+        base_ms = base["median_ms"] if base else None
+        out.append({
+            "tokens_per_gpu": r["shape"]["tokens_per_gpu"], "kv_heads": r["shape"]["kv_heads"],
+            "mode": r["mode"], "window_left": r["window_left"], "ring_ms": base_ms,
+            "window_ring_ms": r["median_ms"], "time_saved": 1 - r["median_ms"] / base_ms if base_ms else None,
+            "skipped_share": r["skipped_share"], "window_counts": r["window_counts"],
+        })  # fmt: skip
+    return out
+
+
+def json_key(record: dict[str, Any]) -> tuple:
+    s = record["shape"]
+    return s["tokens_per_gpu"], s["kv_heads"], s["mix"], s["layout"]
 
 
 def host_times(cp: int, rank: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -487,7 +547,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     single = {key(r): r.get("tflops") for r in records if r["provider"] == "single"}
     out = []
     for r in records:
-        if r["provider"] == "single" or "tflops" not in r:
+        if r["provider"] == "single" or r["provider"].startswith("ring_window") or "tflops" not in r:
             continue
         s = r["shape"]
         base = single.get(key(r))
@@ -529,7 +589,7 @@ def _payload(
         "nccl": _nccl_version() if args.device == "cuda" else None,
         "rank_env": {k: os.environ.get(k) for k in (*RANK_ENV, "THD_CP_TRANSPORT", "THD_AUTOTUNE")},
         "config": {**config, "cp": world}, "transport_log": list(log_lines), "records": records,
-        "summary": summarize(records), "host_time": host,
+        "summary": summarize(records), "window": window_summary(records), "host_time": host,
     }  # fmt: skip
 
 
@@ -590,6 +650,8 @@ def worker(rank: int, world: int, args: argparse.Namespace, init_method: str | N
             for row in summarize(records):
                 print({k: row[k] for k in ("tokens_per_gpu", "kv_heads", "provider", "transport", "mode",
                                            "cp_efficiency", "goal")}, file=sys.stderr)  # fmt: skip
+            for row in window_summary(records):
+                print(row, file=sys.stderr)
             for row in host:
                 print(row, file=sys.stderr)
             print(f"wrote {args.out}", file=sys.stderr)
@@ -619,6 +681,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="how the NCCL group is created (default: plain init_process_group('nccl'))",
     )  # fmt: skip
     parser.add_argument("--no-overlap", action="store_true", help="also measure the ring without overlap")
+    parser.add_argument(
+        "--window", type=int, default=0,
+        help="also the ring with window_size=(W, 0) (auto transport): time saved, launches skipped",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument(
