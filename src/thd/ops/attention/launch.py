@@ -170,9 +170,8 @@ def _prune(kernel: str):  # type: ignore[no-untyped-def]
 
 # How the non-deterministic backward adds dQ (see kernels.py): 0 its own kernel (as the
 # deterministic backward always does), 1 per-element atomics, 2 one bulk TMA reduction per tile.
-# Mode 0 on the GPU: on the H200 (f2af2bb) the split kernels beat per-element atomics (run 1 of
-# benchmarks/tune_attention.py); the TMA reduction is opt-in until it is measured (its one H200
-# run failed with "no allocator was set"; launches now set it per thread, see _ensure_allocator).
+# Mode 0 on the GPU: on the H200 the split kernels beat per-element atomics (f2af2bb) and the TMA
+# reductions (046257b: correct, slower on every mix) in benchmarks/tune_attention.py sweeps.
 # MEASURED_DQ_MODE is the best_dq_mode of benchmarks/results/attention-tiles.json (a test keeps
 # them equal): a sweep that finds the atomic backward faster moves the default with the table.
 MEASURED_DQ_MODE = 0
