@@ -25,9 +25,10 @@ providers. A provider that fails (e.g. out of memory) records its error and the 
 
 Defaults (8 layers, hidden 2048, 32768 tokens of 64..4096-token documents, 3 + 10 steps per
 provider): about 105 TFLOP of useful work per step; on an H200 (code 2011187) 280 ms per thd
-step and 568 ms per sdpa step (its padded rows); the whole committed run took 28 s. ``--quick`` is a tiny smoke configuration
-(2 layers, hidden 128, 1024 tokens) that also runs on a CPU in seconds (``--device cpu``; thd
-then runs its torch reference, or the Triton interpreter under ``TRITON_INTERPRET=1``).
+step and 568 ms per sdpa step (its padded rows); the whole committed run took 28 s.
+``--quick`` is a tiny smoke configuration (2 layers, hidden 128, 1024 tokens) that also runs on
+a CPU in seconds (``--device cpu``; thd then runs its torch reference, or the Triton interpreter
+under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
