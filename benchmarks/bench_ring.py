@@ -324,13 +324,13 @@ def _window_records(
 def window_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per shape and mode: the windowed ring's time against the causal ring's (``ring[auto]``)."""
     plain = {
-        (json_key(r), r["mode"]): r for r in records if r["provider"] == "ring[auto]" and "median_ms" in r
+        (_shape_key(r), r["mode"]): r for r in records if r["provider"] == "ring[auto]" and "median_ms" in r
     }
     out = []
     for r in records:
         if not r["provider"].startswith("ring_window") or "median_ms" not in r:
             continue
-        base = plain.get((json_key(r), r["mode"]))
+        base = plain.get((_shape_key(r), r["mode"]))
         base_ms = base["median_ms"] if base else None
         out.append({
             "tokens_per_gpu": r["shape"]["tokens_per_gpu"], "kv_heads": r["shape"]["kv_heads"],
@@ -341,7 +341,8 @@ def window_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def json_key(record: dict[str, Any]) -> tuple:
+def _shape_key(record: dict[str, Any]) -> tuple:
+    """(tokens per GPU, K/V heads, mix, layout) of a record."""
     s = record["shape"]
     return s["tokens_per_gpu"], s["kv_heads"], s["mix"], s["layout"]
 
@@ -541,8 +542,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """CP efficiency per (tokens, kv heads, mix, layout, provider, mode): ring TFLOP/s per GPU / single."""
 
     def key(r: dict[str, Any]) -> tuple:
-        s = r["shape"]
-        return s["tokens_per_gpu"], s["kv_heads"], s["mix"], s["layout"], r["mode"]
+        return *_shape_key(r), r["mode"]
 
     single = {key(r): r.get("tflops") for r in records if r["provider"] == "single"}
     out = []

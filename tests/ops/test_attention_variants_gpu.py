@@ -117,19 +117,6 @@ def _fwd_bwd(fn: Attend, inputs: list[Tensor], do: Tensor, sinks: Tensor | None)
     return dict(zip(NAMES, [out.detach(), lse.detach(), *grads], strict=True))
 
 
-def _reference64(
-    layout: Layout,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    do: Tensor,
-    sinks: Tensor | None,
-    kwargs: dict[str, Any],
-) -> dict[str, Tensor | None]:
-    """Float64 results of the reference (:func:`tests._helpers.reference64`)."""
-    return reference64(layout, q, k, v, do, kwargs, sinks)
-
-
 # --- comparisons ------------------------------------------------------------------------------
 
 
@@ -317,7 +304,7 @@ def _graph_case(
         if deterministic:
             eager = _fwd_bwd(_attend(thd.attention, new_kwargs), [new_q, new_k, new_v], new_do, new_sinks)
             _assert_equal(replayed, eager, f"{what} (vs eager)")
-        want = _reference64(layout, new_q, new_k, new_v, new_do, new_sinks, new_kwargs)
+        want = reference64(layout, new_q, new_k, new_v, new_do, new_kwargs, new_sinks)
         _compare(layout, replayed, want, what)
         _check_padding(layout, replayed, what)
 
@@ -359,7 +346,7 @@ def _compile_case(variant: Variant, layout: Layout, heads: tuple[int, int], dim:
         torch._dynamo.reset()
     what = f"{variant.name} compiled ({backend})"
     _assert_equal(got, eager, f"{what} vs eager")
-    want = _reference64(layout, q, k, v, do, sinks, kwargs)
+    want = reference64(layout, q, k, v, do, kwargs, sinks)
     _compare(layout, got, want, what)
     _check_padding(layout, got, what)
 
@@ -411,7 +398,7 @@ def _no_sync_case(
     if deterministic:
         _assert_equal(got, warm, what)
     else:
-        _compare(layout, got, _reference64(layout, q, k, v, do, sinks, kwargs), what)
+        _compare(layout, got, reference64(layout, q, k, v, do, kwargs, sinks), what)
     _check_padding(layout, got, what)
 
 
