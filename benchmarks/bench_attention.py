@@ -34,6 +34,7 @@ import argparse
 import inspect
 import json
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -93,7 +94,9 @@ FLOP_DEFINITION = (
 )
 TIMING_DEFINITION = (
     "per-call ms: calls issued back to back between one pair of CUDA events (no sync, no L2 flush in "
-    "between), median over trials; fwd runs under no_grad, fwd_bwd is forward + torch.autograd.grad"
+    "between), median over trials; fwd runs under no_grad, fwd_bwd is forward + torch.autograd.grad; "
+    "with rounds > 1 the providers of a shape take turns, one timing each per round, and the median "
+    "over rounds is reported"
 )
 
 
@@ -442,8 +445,11 @@ def _providers_for(p: Problem, providers: Sequence[str]) -> list[str]:
 
 
 def measure_problem(p: Problem, providers: Sequence[str], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """All (provider, mode) records of one shape; errors become records."""
+    """All (provider, mode) records of one shape; errors become records. With ``--rounds R`` every
+    (provider, mode) is timed once per round, the providers taking turns, and the record holds
+    the median over rounds (slow drifts of the GPU's clock then hit every provider alike)."""
     records: list[dict[str, Any]] = []
+    ready: list[tuple[dict[str, Any], Attn, dict[str, Any]]] = []
     first: tuple[str, Tensor] | None = None
     for provider in _providers_for(p, providers):
         base = {"op": "attention", "provider": provider, "shape": p.shape}
@@ -475,7 +481,28 @@ def measure_problem(p: Problem, providers: Sequence[str], args: argparse.Namespa
                 make_record(**base, mode=m, status="error", error=error_text(exc)) for m in args.modes
             ]
             continue
+        ready.append((base, call, extra))
+    timings: dict[tuple[str, str], list[dict[str, float]]] = {}
+    errors: dict[tuple[str, str], Exception] = {}
+    for _ in range(args.rounds):
+        for base, call, _extra in ready:
+            for mode in args.modes:
+                key = (base["provider"], mode)
+                if key in errors:
+                    continue
+                try:
+                    timing = bench_back_to_back(
+                        _timed_fn(call, p, mode), rep_ms=args.rep_ms, trials=args.trials
+                    )
+                    timings.setdefault(key, []).append(timing)
+                except Exception as exc:
+                    errors[key] = exc
+                finally:
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+    for base, _call, extra in ready:
         for mode in args.modes:
+            key = (base["provider"], mode)
             flops = attention_flops(
                 p.lengths,
                 p.lengths,
@@ -485,19 +512,32 @@ def measure_problem(p: Problem, providers: Sequence[str], args: argparse.Namespa
                 mode=mode,
                 window_left=p.variant.window_left,
             )
-            try:
-                timing = bench_back_to_back(_timed_fn(call, p, mode), rep_ms=args.rep_ms, trials=args.trials)
-                records.append(make_record(**base, mode=mode, flops=flops, timing=timing, **extra))
-            except Exception as exc:
+            if key in errors:
                 records.append(
                     make_record(
-                        **base, mode=mode, flops=flops, status="error", error=error_text(exc), **extra
+                        **base, mode=mode, flops=flops, status="error", error=error_text(errors[key]), **extra
                     )
                 )
-            finally:
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+            else:
+                records.append(
+                    make_record(**base, mode=mode, flops=flops, timing=combine_rounds(timings[key]), **extra)
+                )
     return records
+
+
+def combine_rounds(rounds: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """One timing from the per-round timings of :func:`bench_back_to_back`: the median of the
+    round medians, the extremes over all trials, and every round's median."""
+    if len(rounds) == 1:
+        return dict(rounds[0])
+    return {
+        "median_ms": statistics.median(r["median_ms"] for r in rounds),
+        "min_ms": min(r["min_ms"] for r in rounds),
+        "max_ms": max(r["max_ms"] for r in rounds),
+        "calls_per_trial": rounds[0]["calls_per_trial"],
+        "trials": sum(r["trials"] for r in rounds),
+        "round_median_ms": [r["median_ms"] for r in rounds],
+    }
 
 
 def _sync() -> None:
@@ -805,6 +845,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rep-ms", type=float, default=None, help="device ms per measurement (default 100)")
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="time every provider once per round, taking turns; median"
+    )
     parser.add_argument("--dense-n", type=int, default=None, help="dense matmul size (default 8192)")
     parser.add_argument("--host-calls", type=int, default=None, help="calls per host-time measurement (500)")
     parser.add_argument("--host-head-dim", type=int, default=128)

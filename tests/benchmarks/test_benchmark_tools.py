@@ -113,3 +113,75 @@ def test_ring_window_summary_pairs_each_window_record_with_the_causal_ring(
         ("ring[auto]", 0.8),
         ("ring[nccl]", 0.75),
     ]
+
+
+def _needed_pairs(lengths: list[int], slots: list[int], cp: int, rank: int, window: int) -> int:
+    """Brute force: (query chunk, key chunk) pairs of ``rank``'s causal windowed schedule in which
+    some real query sees some real key (query i sees key j iff i - window <= j <= i)."""
+    needed = 0
+    for a in (rank, 2 * cp - 1 - rank):
+        for c in range(a + 1):
+            seen = False
+            for length, slot in zip(lengths, slots, strict=True):
+                size = slot // (2 * cp)
+                queries = range(a * size, min((a + 1) * size, length))
+                keys = range(c * size, min((c + 1) * size, length))
+                seen = seen or any(i - window <= j <= i for i in queries for j in keys)
+            needed += seen
+    return needed
+
+
+def test_ring_window_emulation_skips_exactly_the_pairs_no_window_reaches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
+    import bench_ring_window
+
+    out = tmp_path / "rw.json"
+    argv = ["--device", "cpu", "--out", str(out), "--cp", "2", "4", "--tokens", "96", "--window", "20",
+            "--heads", "1", "--head-dim", "8", "--rep-ms", "1", "--trials", "1",
+            "--mixes", "1024-8192", "one-document"]  # fmt: skip
+    assert bench_ring_window.main(argv) == 0
+    payload = json.loads(out.read_text())
+    records = payload["records"]
+    assert all(r["status"] == "ok" for r in records)
+    assert len(records) == 2 * 3 * (2 + 4) * 2  # mixes x schedules x ranks (cp 2 + cp 4) x modes
+    for r in records:
+        cp, mix = r["shape"]["cp"], r["shape"]["mix"]
+        layout = bench_ring_window.make_layout(cp, 96, mix, 0 + cp)
+        lengths, slots = list(layout.lengths), list(layout.slots)
+        if r["provider"] == "causal":
+            assert (r["launches"], r["skipped"]) == (cp, 0)
+            continue
+        assert r["launches"] + r["skipped"] == r["pairs"] == 2 * cp + 1
+        if r["provider"] == "window_skip":
+            assert r["launches"] == _needed_pairs(lengths, slots, cp, r["rank"], 20)
+        else:
+            assert r["launches"] == r["pairs"]
+    skipping = [row for row in payload["summary"] if row["cp"] == 4 and row["mix"] == "one-document"]
+    assert skipping and all(row["window_skip"]["skipped"] > 0 for row in skipping)
+    for row in payload["summary"]:
+        key = (row["cp"], row["mix"], row["mode"])
+        ms = {schedule: [] for schedule in bench_ring_window.SCHEDULES}
+        for r in records:
+            if (r["shape"]["cp"], r["shape"]["mix"], r["mode"]) == key:
+                ms[r["provider"]].append(r["median_ms"])
+        skip, full = ms["window_skip"], ms["window_all_pairs"]
+        assert row["saved_max_rank"] == pytest.approx(1 - max(skip) / max(full))
+        assert row["saved_sum"] == pytest.approx(1 - sum(skip) / sum(full))
+
+
+def test_attention_rounds_take_the_median_of_round_medians(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_attention
+
+    rounds = [
+        {"median_ms": 3.0, "min_ms": 2.5, "max_ms": 3.5, "calls_per_trial": 10, "trials": 5},
+        {"median_ms": 1.0, "min_ms": 0.9, "max_ms": 1.2, "calls_per_trial": 10, "trials": 5},
+        {"median_ms": 2.0, "min_ms": 1.5, "max_ms": 4.0, "calls_per_trial": 10, "trials": 5},
+    ]
+    combined = bench_attention.combine_rounds(rounds)
+    assert (combined["median_ms"], combined["min_ms"], combined["max_ms"]) == (2.0, 0.9, 4.0)
+    assert combined["trials"] == 15 and combined["round_median_ms"] == [3.0, 1.0, 2.0]
+    assert bench_attention.combine_rounds(rounds[:1]) == rounds[0]
