@@ -58,6 +58,7 @@ def _variant(head_dim: int = 128, head_dim_v: int = 128, **flags: bool) -> dict[
         "UPCAST": False,
         "TMA": False,
         "WARP_SPEC": False,
+        "ACCUMULATE": False,
     }
     meta.update(flags)
     return meta
@@ -101,12 +102,17 @@ CONFIGS = {
     "dkdv-variants-tma-atomic": (
         "_attention_bwd_dkdv_kernel",
         "bf16",
-        _variant(40, 24, DQ_MODE=1, TMA=True, **_ALL),
+        _variant(40, 24, DQ_MODE=1, TMA=True, ACCUMULATE=True, **_ALL),
         (32, 64, 4, 2),
     ),
     "dkdv-tma-reduce": ("_attention_bwd_dkdv_kernel", "bf16", _variant(DQ_MODE=2, TMA=True), (64, 64, 4, 2)),
     "dq": ("_attention_bwd_dq_kernel", "bf16", _variant(), (128, 64, 8, 3)),
-    "dq-tma": ("_attention_bwd_dq_kernel", "bf16", _variant(TMA=True, **_ALL), (128, 64, 8, 3)),
+    "dq-tma": (
+        "_attention_bwd_dq_kernel",
+        "bf16",
+        _variant(TMA=True, ACCUMULATE=True, **_ALL),
+        (128, 64, 8, 3),
+    ),
 }
 
 

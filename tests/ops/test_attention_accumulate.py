@@ -24,7 +24,7 @@ from tests._helpers import (
     poisoned_allocations,
 )
 from thd.errors import ThdValueError
-from thd.ops.attention import AttentionOptions, VarlenLayout, attention_forward, reference
+from thd.ops.attention import AttentionOptions, VarlenLayout, attention_forward, interface, reference
 from thd.ops.lse_merge.reference import merge_partials_reference
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -193,3 +193,58 @@ def test_rejects_a_bad_accumulator(bad: str, match: str) -> None:
         lse = lse.t().contiguous()
     with pytest.raises(ThdValueError, match=match):
         _call(q, k, v, layout, False, accumulate=(out, lse))
+
+
+def _varlen(layout: Layout, device: str) -> VarlenLayout:
+    args = layout.kwargs(device)
+    return VarlenLayout(
+        args["cu_seqlens_q"],
+        args["cu_seqlens_kv"],
+        args["cu_seqlens_q_padded"],
+        args["cu_seqlens_kv_padded"],
+        args["max_seqlen_q"],
+        args["max_seqlen_kv"],
+    )
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["split", "fast"])
+def test_backward_accumulates_two_launches_into_fp32_buffers(
+    device: str, dtype: torch.dtype, deterministic: bool
+) -> None:
+    """Like a windowed ring step: two launches over overlapping query and key rows of the same
+    tensors add their dQ, dK, dV into fp32 buffers; every row neither launch owns keeps its value."""
+    lens_q, lens_kv, _, pad_q, dim = _sizes(device)
+    whole = make_layout("whole", lens_q, lens_kv, pad_q=pad_q, pad_kv=[2] * len(lens_q), capacity_q=3)
+    part_q, part_kv = [n // 2 for n in lens_q], [n - n // 3 for n in lens_kv]
+    part = make_layout(
+        "part",
+        part_q,
+        part_kv,
+        pad_q=[s - n for s, n in zip(whole.slots_q, part_q, strict=True)],
+        pad_kv=[s - n for s, n in zip(whole.slots_kv, part_kv, strict=True)],
+        capacity_q=3,
+    )
+    gen = torch.Generator(device=device).manual_seed(3)
+    q, k, v, do = make_qkv(whole, 4, 2, dim, dim, dtype, device, generator=gen)
+    init = [torch.randn(t.shape, generator=gen, device=device) for t in (q, k, v)]
+    buffers = tuple(t.clone() for t in init)
+    want = [t.double() for t in init]
+    for layout, causal in ((whole, True), (part, False)):
+        varlen = _varlen(layout, device)
+        options = AttentionOptions(dim**-0.5, causal, deterministic=deterministic)
+        out, lse = reference.attention_forward(q, k, v, varlen, options)
+        got = interface._backward(do, q, k, v, out, lse, varlen, options, None, accumulate=buffers)
+        assert all(g is b for g, b in zip(got[:3], buffers, strict=True)), "not the given buffers"
+        grads = reference.attention_backward(do.float(), q.float(), k.float(), v.float(), out.float(), lse,
+                                             varlen, options)  # fmt: skip
+        want = [w + g.double() for w, g in zip(want, grads[:3], strict=True)]
+    atol, rtol = _tol(dtype, device)
+    for name, got_t, want_t in zip(("dq", "dk", "dv"), buffers, want, strict=True):
+        assert got_t.dtype == torch.float32
+        assert_close(got_t, want_t.float(), name, atol=atol * 4, rtol=rtol * 4)
+    for name, got_t, start, side in (("dq", buffers[0], init[0], "q"), ("dk", buffers[1], init[1], "kv"),
+                                     ("dv", buffers[2], init[2], "kv")):  # fmt: skip
+        outside = ~whole.real_rows(side, device)
+        assert torch.equal(got_t[outside], start[outside]), f"{name}: rows outside both launches changed"

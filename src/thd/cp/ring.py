@@ -180,11 +180,22 @@ class Launch:
         lse: Tensor,
         options: AttentionOptions,
         sinks: Tensor | None = None,
+        accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """``(dq, dk, dv, dsinks)`` of this launch from the merged ``out`` and ``lse``; ``dsinks``
-        (over this launch's real query rows) only when it carries the sinks."""
+        (over this launch's real query rows) only when it carries the sinks. With
+        ``accumulate=(dq, dk, dv)`` (fp32) the gradients are added into those buffers instead."""
         return _attention("_backward")(
-            do, q, k, v, out, lse, self.layout, self._options(options), sinks if self.sinks else None
+            do,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            self.layout,
+            self._options(options),
+            sinks if self.sinks else None,
+            accumulate,
         )
 
 
@@ -532,23 +543,25 @@ def _backward_step(
     lse: Tensor,
     options: AttentionOptions,
     sinks: Tensor | None,
+    dq_acc: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
-    """``(dq, dk, dv, dsinks)`` of one step (``None`` where no launch contributes). One launch:
-    its results as they are; several: ``dq``/``dsinks`` summed in fp32, ``dk``/``dv`` summed in
-    fp32 and rounded once to the input dtypes."""
-    if len(launches) == 1:
-        return launches[0].backward(do, q, k, v, out, lse, options, sinks)
-    dq = dk = dv = dsinks = None
+    """``(dq, dk, dv, dsinks)`` of one step (``None`` where no launch contributes). Plain
+    schedule (one launch): its results as they are. Windowed (``dq_acc``, fp32): every launch
+    adds its dQ into ``dq_acc`` and its dK/dV into one fp32 buffer each, rounded once to the
+    input dtypes; ``dq`` is then ``dq_acc`` and ``dsinks`` the fp32 sum of the launches' parts."""
+    if dq_acc is None:
+        (launch,) = launches
+        return launch.backward(do, q, k, v, out, lse, options, sinks)
+    if not launches:
+        return None, None, None, None
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    dsinks = None
     for launch in launches:
-        dq_i, dk_i, dv_i, ds_i = launch.backward(do, q, k, v, out, lse, options, sinks)
-        dq = dq_i.float() if dq is None else dq.add_(dq_i)
-        dk = dk_i.float() if dk is None else dk.add_(dk_i)
-        dv = dv_i.float() if dv is None else dv.add_(dv_i)
+        ds_i = launch.backward(do, q, k, v, out, lse, options, sinks, accumulate=(dq_acc, dk, dv))[3]
         if ds_i is not None:
             dsinks = ds_i.float() if dsinks is None else dsinks.add_(ds_i)
-    if dk is not None and dv is not None:
-        dk, dv = dk.to(k.dtype), dv.to(v.dtype)
-    return dq, dk, dv, dsinks
+    return dq_acc, dk.to(k.dtype), dv.to(v.dtype), dsinks
 
 
 def _ring_backward(
@@ -568,6 +581,8 @@ def _ring_backward(
     and passes both on; at the last step the block is its own and the gradient is complete.
     ``dsinks`` is this rank's part (its real query rows), from the launches that carry sinks."""
     cp, r, options = plan.cp_size, plan.cp_rank, plan.options
+    # windowed: one fp32 dQ buffer every launch of every step adds into
+    window_dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if plan.windowed else None
     dq_acc: Tensor | None = None
     dsinks: Tensor | None = None
     dkv: tuple[Tensor, Tensor] | None = None
@@ -584,13 +599,15 @@ def _ring_backward(
         pending = comm.start(ops)
         if not overlap:
             pending.wait()
-        dq_i, dk_i, dv_i, ds_i = _backward_step(plan.steps[j], do, q, k, v, out, lse, options, sinks)
+        dq_i, dk_i, dv_i, ds_i = _backward_step(
+            plan.steps[j], do, q, k, v, out, lse, options, sinks, window_dq
+        )
         if ds_i is not None:
             dsinks = ds_i if dsinks is None else dsinks + ds_i
-        if dq_i is None:
-            pass  # a windowed step with no launch
-        elif plan.windowed:  # fp32 parts
-            dq_acc = dq_i.float() if dq_acc is None else dq_acc.add_(dq_i)
+        if window_dq is not None:
+            dq_acc = window_dq  # windowed: the launches added their parts into it
+        elif dq_i is None:
+            pass
         elif dq_acc is None:  # two parts: one add in q.dtype rounds exactly like an fp32 sum + cast
             dq_acc = dq_i if cp == 2 else dq_i.float()
         elif i + 1 == cp and dq_acc.dtype != q.dtype:  # last part: round once into q.dtype

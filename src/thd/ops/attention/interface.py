@@ -151,15 +151,22 @@ def _backward(
     layout: VarlenLayout,
     options: AttentionOptions,
     sinks: Tensor | None,
+    accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """:func:`attention_backward` without the argument checks."""
+    """:func:`attention_backward` without the argument checks. ``accumulate=(dq, dk, dv)``
+    (fp32, shaped like q, k, v): add the gradients into them on this layout's real rows only."""
     if not options.deterministic and torch.are_deterministic_algorithms_enabled():
         options = AttentionOptions(
             options.softmax_scale, options.causal, options.window_size, options.softcap, True
         )
     if not _use_triton(q):
-        return reference.attention_backward(do, q, k, v, out, lse, layout, options, sinks)
-    return launch.backward(do, q, k, v, out, lse, _resolved(layout), options, sinks)
+        grads = reference.attention_backward(do, q, k, v, out, lse, layout, options, sinks)
+        if accumulate is None:
+            return grads
+        for buffer, grad in zip(accumulate, grads[:3], strict=True):
+            buffer.add_(grad)  # zero on every row outside the layout's real rows
+        return (*accumulate, grads[3])
+    return launch.backward(do, q, k, v, out, lse, _resolved(layout), options, sinks, accumulate)
 
 
 # ----------------------------------------------------------------------------- custom ops

@@ -31,7 +31,9 @@ row sees in full (no mask), masked tiles on the right edge (the causal diagonal 
 Variants: ``SOFTCAP`` scores are ``softcap * tanh(s / softcap)``; ``HAS_SINKS`` adds
 ``exp(sink[h])`` to each row's softmax denominator (``lse`` then includes it). With
 ``ACCUMULATE`` the forward continues a normalised partial ``(out, lse)`` in place (a ring
-step merges into earlier steps without a separate pass). The backward either writes dQ from
+step merges into earlier steps without a separate pass); the backward kernels with it add their
+dQ, dK, dV to the rows' current values (a ring step of several launches sums them in one fp32
+buffer each, without full-size partial gradients). The backward either writes dQ from
 its own kernel (deterministic) or adds it with fp32 atomics from the dK/dV kernel
 (``DQ_MODE`` 1: per-element atomics, 2: one bulk TMA reduction per tile; five matrix products
 per tile instead of seven).
@@ -510,11 +512,13 @@ def _attention_fwd_kernel(
             m_new = tl.maximum(m_i, sink)
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.exp2(sink - m_new)
-            acc = acc * alpha[:, None]
             m_i = m_new
         has_keys = l_i != 0.0  # NaN rows stay NaN
         l_safe = tl.where(has_keys, l_i, 1.0)
-        out = acc / l_safe[:, None]
+        if HAS_SINKS:  # noqa: SIM108 -- acc's rescale folded into the normalisation: one pass over acc
+            out = acc * (alpha / l_safe)[:, None]
+        else:
+            out = acc / l_safe[:, None]
         lse = tl.where(has_keys, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
         _store_rows(out_base, rows, offs_dv, stride_ot, seqlen_q, out, HEAD_DIM_V)
         tl.store(lse_base + rows, lse, mask=mask_m)
@@ -701,6 +705,7 @@ def _attention_bwd_dkdv_kernel(
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
     DQ_MODE: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
     UPCAST: tl.constexpr,
     TMA: tl.constexpr,
     WARP_SPEC: tl.constexpr,
@@ -712,12 +717,13 @@ def _attention_bwd_dkdv_kernel(
     num_seqs = tl.num_programs(2) - 1
     dk_head = dk_ptr + kv_head * stride_dkh
     dv_head = dv_ptr + kv_head * stride_dvh
-    _fill_padding(
-        dk_head, stride_dkt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, 0.0, HEAD_DIM, BLOCK_D, BLOCK_N
-    )
-    _fill_padding(
-        dv_head, stride_dvt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, 0.0, HEAD_DIM_V, BLOCK_DV, BLOCK_N
-    )
+    if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
+        _fill_padding(
+            dk_head, stride_dkt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, 0.0, HEAD_DIM, BLOCK_D, BLOCK_N
+        )
+        _fill_padding(
+            dv_head, stride_dvt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, 0.0, HEAD_DIM_V, BLOCK_DV, BLOCK_N
+        )
     if b == num_seqs:
         return
     # Query r sees key c iff c - r in [d_lo, d_hi], i.e. r - c in [-d_hi, -d_lo].
@@ -809,12 +815,17 @@ def _attention_bwd_dkdv_kernel(
                     TMA,
                     WARP_SPEC,
                 )
-        _store_rows(
-            dk_head + k_start.to(tl.int64) * stride_dkt, cols, offs_d, stride_dkt, seqlen_k, dk, HEAD_DIM
-        )
-        _store_rows(
-            dv_head + k_start.to(tl.int64) * stride_dvt, cols, offs_dv, stride_dvt, seqlen_k, dv, HEAD_DIM_V
-        )
+        dk_rows = dk_head + k_start.to(tl.int64) * stride_dkt
+        dv_rows = dv_head + k_start.to(tl.int64) * stride_dvt
+        if ACCUMULATE:  # add this launch's part to what the rows hold
+            dk += _load_rows(dk_rows, cols, offs_d, stride_dkt, seqlen_k, HEAD_DIM, BLOCK_D, True).to(
+                tl.float32
+            )
+            dv += _load_rows(dv_rows, cols, offs_dv, stride_dvt, seqlen_k, HEAD_DIM_V, BLOCK_DV, True).to(
+                tl.float32
+            )
+        _store_rows(dk_rows, cols, offs_d, stride_dkt, seqlen_k, dk, HEAD_DIM)
+        _store_rows(dv_rows, cols, offs_dv, stride_dvt, seqlen_k, dv, HEAD_DIM_V)
 
 
 @triton.jit
@@ -911,6 +922,7 @@ def _attention_bwd_dq_kernel(
     HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
     UPCAST: tl.constexpr,
     TMA: tl.constexpr,
     WARP_SPEC: tl.constexpr,
@@ -921,9 +933,10 @@ def _attention_bwd_dq_kernel(
     b = tl.program_id(2)
     num_seqs = tl.num_programs(2) - 1
     dq_head = dq_ptr + head * stride_dqh
-    _fill_padding(
-        dq_head, stride_dqt, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, 0.0, HEAD_DIM, BLOCK_D, BLOCK_M
-    )
+    if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
+        _fill_padding(
+            dq_head, stride_dqt, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, 0.0, HEAD_DIM, BLOCK_D, BLOCK_M
+        )
     if b == num_seqs:
         return
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
@@ -994,6 +1007,9 @@ def _attention_bwd_dq_kernel(
                 TMA,
                 WARP_SPEC,
             )
-        _store_rows(
-            dq_head + q_start.to(tl.int64) * stride_dqt, rows, offs_d, stride_dqt, seqlen_q, dq, HEAD_DIM
-        )
+        dq_rows = dq_head + q_start.to(tl.int64) * stride_dqt
+        if ACCUMULATE:  # add this launch's part to what the rows hold
+            dq += _load_rows(dq_rows, rows, offs_d, stride_dqt, seqlen_q, HEAD_DIM, BLOCK_D, True).to(
+                tl.float32
+            )
+        _store_rows(dq_rows, rows, offs_d, stride_dqt, seqlen_q, dq, HEAD_DIM)

@@ -214,8 +214,13 @@ def _tuned(kernel: str, fn, restore: list[str] | None = None, key: list[str] = _
 if _AUTOTUNE:
     _KERNELS = {
         "fwd": _tuned("fwd", kernels._attention_fwd_kernel, ["out_ptr", "lse_ptr"], [*_KEY, "ACCUMULATE"]),
-        "dkdv": _tuned("dkdv", kernels._attention_bwd_dkdv_kernel, ["dq_acc_ptr"], [*_KEY, "DQ_MODE"]),
-        "dq": _tuned("dq", kernels._attention_bwd_dq_kernel),
+        "dkdv": _tuned(
+            "dkdv",
+            kernels._attention_bwd_dkdv_kernel,
+            ["dq_acc_ptr", "dk_ptr", "dv_ptr"],  # accumulated into: restored between trial runs
+            [*_KEY, "DQ_MODE", "ACCUMULATE"],
+        ),
+        "dq": _tuned("dq", kernels._attention_bwd_dq_kernel, ["dq_ptr"], [*_KEY, "ACCUMULATE"]),
     }
 else:
     _KERNELS = {
@@ -433,10 +438,13 @@ def backward(
     layout: VarlenLayout,
     options: AttentionOptions,
     sinks: Tensor | None = None,
+    accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Preprocess, dK/dV (and dQ by atomics) launches: ``(dq, dk, dv, dsinks)``, padding rows 0.
 
     ``options.deterministic`` adds dQ from its own kernel instead of fp32 atomics.
+    ``accumulate=(dq, dk, dv)`` (fp32, shaped like q, k, v): add this launch's gradients to those
+    buffers on its real rows only (every other row is left as it is) and return them.
     """
     do, q, k, v, out = (_rows_major(t) for t in (do, q, k, v, out))
     lse = lse.contiguous()
@@ -445,8 +453,13 @@ def backward(
     assert max_q is not None and max_kv is not None
     dq_mode = _dq_mode(options)
     atomic = dq_mode > 0
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else q.new_empty(q.shape)
-    dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+    if accumulate is not None:  # atomics add into the fp32 dq buffer as they would into a fresh one
+        dq, dk, dv = accumulate
+    elif atomic:
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+    else:
+        dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     meta = _meta(q, k, v, layout, options)
     delta = torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
@@ -498,7 +511,7 @@ def backward(
             max_kv,
             num_kv_heads,
             num_seqs,
-            {**meta, "DQ_MODE": dq_mode},
+            {**meta, "DQ_MODE": dq_mode, "ACCUMULATE": accumulate is not None},
             (q, do),
             q,
             k,
@@ -521,14 +534,14 @@ def backward(
             bucket,
         )
     if atomic:
-        dq = dq.to(q.dtype)
+        dq = dq if accumulate is not None else dq.to(q.dtype)
     elif q.shape[0] > 0:
         _launch(
             "dq",
             max_q,
             num_heads,
             num_seqs,
-            meta,
+            {**meta, "ACCUMULATE": accumulate is not None},
             (k, v),
             q,
             k,
