@@ -732,6 +732,11 @@ def markdown_tables(payload: dict[str, Any]) -> str:
             if "timing_definition" in payload
             else "triton.testing.do_bench (L2 flush between calls)"
         )
+        + (
+            f" (median of {rounds} rounds, the providers taking turns)"
+            if (rounds := payload.get("config", {}).get("rounds", 1)) > 1
+            else ""
+        )
         + (f"; dense bf16 matmul in the same run: {dense:.0f} TFLOP/s." if dense else "."),
     ]
     ratio_peers = [p for p in ("fa4", "varlen_attn") if p in providers]
