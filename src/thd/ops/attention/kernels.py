@@ -510,8 +510,9 @@ def _attention_fwd_kernel(
         if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
             sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
             m_new = tl.maximum(m_i, sink)
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.exp2(sink - m_new)
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key and a -inf sink: adds 0
+            alpha = tl.exp2(m_i - m_ref)
+            l_i = l_i * alpha + tl.exp2(sink - m_ref)
             m_i = m_new
         has_keys = l_i != 0.0  # NaN rows stay NaN
         l_safe = tl.where(has_keys, l_i, 1.0)
@@ -564,8 +565,9 @@ def _attention_bwd_preprocess_kernel(
         tl.store(delta_ptr + at, delta, mask=rows < seqlen_q)
         if HAS_SINKS:
             lse = tl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
+            lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row without any term: p = 0
             sink = tl.load(sinks_ptr + head).to(tl.float32)
-            p_sink = tl.where(lse == float("-inf"), 0.0, tl.exp(sink - lse))
+            p_sink = tl.exp(sink - lse)
             tl.store(dsink_rows_ptr + at, -p_sink * delta, mask=rows < seqlen_q)
 
 
