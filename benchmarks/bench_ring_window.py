@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import bench_ring
 import torch
 from _common import attention_flops, bench_back_to_back, env_fingerprint, error_text, make_record, write_json
 from torch import Tensor
@@ -65,16 +65,9 @@ class RingLayout:
 
 
 def document_lengths(total: int, mix: str, seed: int) -> list[int]:
-    """Uniform random lengths of ``mix`` filling exactly ``total`` tokens (the last one cut);
-    ``one-document``: a single document of ``total`` tokens."""
+    """:func:`bench_ring.document_lengths` of ``mix``; ``one-document``: a single document of ``total``."""
     bounds = MIXES[mix]
-    if bounds is None:
-        return [total]
-    rng = random.Random(seed)
-    lengths: list[int] = []
-    while sum(lengths) < total:
-        lengths.append(min(rng.randint(*bounds), total - sum(lengths)))
-    return lengths
+    return [total] if bounds is None else bench_ring.document_lengths(total, *bounds, seed)
 
 
 def make_layout(cp: int, tokens_per_rank: int, mix: str, seed: int) -> RingLayout:
@@ -110,8 +103,8 @@ def rank_plan(layout: RingLayout, rank: int, schedule: str, window: int, scale: 
     """The :class:`thd.cp.ring.RingPlan` of ``rank`` for ``schedule`` (see the module docstring)."""
     from thd.cp.ring import build_plan
 
-    cu = _cumsum(layout.lengths, device)
-    cup = _cumsum(layout.slots, device)
+    cu = bench_ring._cumsum(layout.lengths, device)
+    cup = bench_ring._cumsum(layout.slots, device)
     longest = max(layout.lengths)
     return build_plan(
         cu, cu, cup, cup, cp_size=layout.cp, cp_rank=rank, causal=True, pad_between_seqs=layout.padded,
@@ -121,13 +114,6 @@ def rank_plan(layout: RingLayout, rank: int, schedule: str, window: int, scale: 
         window_size=(-1, -1) if schedule == "causal" else (window, 0),
         read_layout=schedule == "window_skip",
     )  # fmt: skip
-
-
-def _cumsum(values: Sequence[int], device: torch.device) -> Tensor:
-    out = [0]
-    for n in values:
-        out.append(out[-1] + n)
-    return torch.tensor(out, dtype=torch.int32, device=device)
 
 
 def rank_calls(
@@ -235,7 +221,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--commit", default="", help="commit the code is at (the device copy has no .git)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: smoke test")
+    parser.add_argument("--quick", action="store_true", help="smoke run: cp 2, 8k tokens, short timings")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.cp, args.tokens, args.rep_ms, args.trials = [2], 8192, 20.0, 3
     args.command = shlex.join(
         [os.path.basename(sys.executable), *sys.argv] if argv is None else ["bench_ring_window.py", *argv]
     )

@@ -68,11 +68,9 @@ def _cat_keys(a: Layout, b: Layout, ka: Tensor, kb: Tensor) -> Tensor:
     return torch.cat(rows)
 
 
-def _call(
-    q: Tensor, k: Tensor, v: Tensor, layout: Layout, causal: bool, **kw: object
-) -> tuple[Tensor, Tensor]:
-    args = layout.kwargs(q.device)
-    varlen = VarlenLayout(
+def _varlen(layout: Layout, device: torch.device | str) -> VarlenLayout:
+    args = layout.kwargs(device)
+    return VarlenLayout(
         args["cu_seqlens_q"],
         args["cu_seqlens_kv"],
         args["cu_seqlens_q_padded"],
@@ -80,6 +78,12 @@ def _call(
         args["max_seqlen_q"],
         args["max_seqlen_kv"],
     )
+
+
+def _call(
+    q: Tensor, k: Tensor, v: Tensor, layout: Layout, causal: bool, **kw: object
+) -> tuple[Tensor, Tensor]:
+    varlen = _varlen(layout, q.device)
     return attention_forward(q, k, v, varlen, AttentionOptions(q.shape[-1] ** -0.5, causal), **kw)  # type: ignore[arg-type]
 
 
@@ -193,18 +197,6 @@ def test_rejects_a_bad_accumulator(bad: str, match: str) -> None:
         lse = lse.t().contiguous()
     with pytest.raises(ThdValueError, match=match):
         _call(q, k, v, layout, False, accumulate=(out, lse))
-
-
-def _varlen(layout: Layout, device: str) -> VarlenLayout:
-    args = layout.kwargs(device)
-    return VarlenLayout(
-        args["cu_seqlens_q"],
-        args["cu_seqlens_kv"],
-        args["cu_seqlens_q_padded"],
-        args["cu_seqlens_kv_padded"],
-        args["max_seqlen_q"],
-        args["max_seqlen_kv"],
-    )
 
 
 @pytest.mark.parametrize("device", _devices())

@@ -583,7 +583,7 @@ def _ring_backward(
     cp, r, options = plan.cp_size, plan.cp_rank, plan.options
     # windowed: one fp32 dQ buffer every launch of every step adds into
     window_dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if plan.windowed else None
-    dq_acc: Tensor | None = None
+    dq_acc: Tensor | None = window_dq
     dsinks: Tensor | None = None
     dkv: tuple[Tensor, Tensor] | None = None
     for i in range(cp):
@@ -604,10 +604,8 @@ def _ring_backward(
         )
         if ds_i is not None:
             dsinks = ds_i if dsinks is None else dsinks + ds_i
-        if window_dq is not None:
-            dq_acc = window_dq  # windowed: the launches added their parts into it
-        elif dq_i is None:
-            pass
+        if window_dq is not None or dq_i is None:
+            pass  # windowed: the step's launches added their parts into dq_acc already
         elif dq_acc is None:  # two parts: one add in q.dtype rounds exactly like an fp32 sum + cast
             dq_acc = dq_i if cp == 2 else dq_i.float()
         elif i + 1 == cp and dq_acc.dtype != q.dtype:  # last part: round once into q.dtype
