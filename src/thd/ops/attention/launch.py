@@ -279,6 +279,9 @@ def _launch(
         return
     tile = tile_for(kernel, meta, rows)
     block = tile.block_n if kernel == "dkdv" else tile.block_m
+    options = {}
+    if kernel == "fwd" and tile.num_warps == 4 and max(meta["BLOCK_D"], meta["BLOCK_DV"]) <= 64:
+        options["maxnreg"] = SMALL_FWD_MAX_REGISTERS
     _LAUNCHERS[kernel].run(
         (max(1, _cdiv(rows, block)), num_heads, num_seqs + 1),
         *args,
@@ -289,7 +292,15 @@ def _launch(
         BLOCK_N=tile.block_n,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
+        **options,
     )
+
+
+# A 4-warp forward tile of head dims <= 64 is capped at 168 registers per thread, which keeps
+# three blocks on an SM (65536 registers / (168 x 128 threads)). On the H200 (Triton 3.6) the plain
+# kernel takes 168 by itself, but the sink epilogue pushed it to 172: two blocks per SM and a 20%
+# slower forward at D64 (benchmarks/results/README.md, session 18).
+SMALL_FWD_MAX_REGISTERS = 168
 
 
 def _cdiv(x: int, y: int) -> int:
