@@ -95,29 +95,36 @@ def test_any_head_dim_cpu(dims: tuple[int, int]) -> None:
     _compare(_CPU_LAYOUT, (2, 1), dims, torch.float32, "cpu", False, causal=True)
 
 
-def test_minus_infinite_sink_adds_nothing_even_to_rows_that_see_no_key() -> None:
+@pytest.mark.parametrize(
+    ("device", "dtype"),
+    [("cpu", torch.float32), pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu, id="cuda-bf16")],
+    ids=lambda x: str(x).replace("torch.", ""),
+)
+def test_minus_infinite_sink_adds_nothing_even_to_rows_that_see_no_key(
+    device: str, dtype: torch.dtype
+) -> None:
     """A sink of -inf (a head without a sink) leaves every row as without sinks: rows with keys
     match the reference, rows that see no key hold out 0 and lse -inf (never NaN)."""
     layout = make_layout("no-keys", [5, 7, 4], [0, 9, 6], pad_q=[1, 0, 2], pad_kv=[2, 1, 0])
-    q, k, v, do = make_qkv(layout, 2, 2, 16, 16, torch.float32)
-    sinks = torch.tensor([float("-inf"), 0.5])
-    kwargs = {**layout.kwargs(), "window_size": (1, -1)}  # sequence 2: key 0..1 past the diagonal
+    q, k, v, do = make_qkv(layout, 2, 2, 16, 16, dtype, device)
+    sinks = torch.tensor([float("-inf"), 0.5], device=device)
+    kwargs = {**layout.kwargs(device), "window_size": (1, -1)}  # sequence 2: key 0..1 past the diagonal
     got = _run(thd.attention, q, k, v, do, sinks, kwargs)
-    want = _run(reference.attention, q, k, v, do, sinks, kwargs)
-    real_q, real_kv = layout.real_rows("q"), layout.real_rows("kv")
-    no_keys = torch.zeros(layout.total_q, dtype=torch.bool)
+    want = _run(reference.attention, q.float(), k.float(), v.float(), do.float(), sinks, kwargs)
+    real_q, real_kv = layout.real_rows("q", device), layout.real_rows("kv", device)
+    no_keys = torch.zeros(layout.total_q, dtype=torch.bool, device=device)
     no_keys[:5] = True  # sequence 0 has no keys at all
     assert bool((got["out"][no_keys] == 0).all())
     assert bool((got["lse"][0, no_keys] == float("-inf")).all())
     assert bool((got["lse"][1, no_keys] == 0.5).all())  # the finite sink alone
     for name, rows in (("out", real_q), ("dq", real_q), ("dk", real_kv), ("dv", real_kv)):
         assert not got[name].isnan().any(), name
-        assert_close(got[name][rows], want[name][rows], name, **tolerance(torch.float32, "grad"))
+        assert_close(got[name][rows].float(), want[name][rows], name, **tolerance(dtype, "grad"))
     assert_close(got["lse"][:, real_q], want["lse"][:, real_q], "lse", **tolerance(torch.float32))
     # a -inf sink has probability 0 everywhere, so its gradient is 0 (the reference's autograd
     # gives NaN there: logsumexp over a row of -inf only); the finite sink's matches
     assert got["dsinks"][0] == 0
-    assert_close(got["dsinks"][1:], want["dsinks"][1:], "dsinks", **tolerance(torch.float32, "grad"))
+    assert_close(got["dsinks"][1:], want["dsinks"][1:], "dsinks", **tolerance(dtype, "grad"))
 
 
 def test_backward_modes_agree_and_deterministic_is_bitwise_stable() -> None:

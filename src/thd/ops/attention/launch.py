@@ -20,7 +20,7 @@ from thd.ops.attention import kernels
 from thd.ops.attention.fast_launch import KernelLauncher
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
-__all__ = ["CANDIDATES", "TILES", "Tile", "backward", "forward", "tile_for"]
+__all__ = ["CANDIDATES", "TILES", "Tile", "backward", "forward", "register_cap", "tile_for"]
 
 # Read once at import, as Triton decides interpreter vs compiler when kernels are decorated.
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -279,9 +279,6 @@ def _launch(
         return
     tile = tile_for(kernel, meta, rows)
     block = tile.block_n if kernel == "dkdv" else tile.block_m
-    options = {}
-    if kernel == "fwd" and tile.num_warps == 4 and max(meta["BLOCK_D"], meta["BLOCK_DV"]) <= 64:
-        options["maxnreg"] = SMALL_FWD_MAX_REGISTERS
     _LAUNCHERS[kernel].run(
         (max(1, _cdiv(rows, block)), num_heads, num_seqs + 1),
         *args,
@@ -292,15 +289,23 @@ def _launch(
         BLOCK_N=tile.block_n,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
-        **options,
+        **register_cap(kernel, tile, meta),
     )
 
 
 # A 4-warp forward tile of head dims <= 64 is capped at 168 registers per thread, which keeps
 # three blocks on an SM (65536 registers / (168 x 128 threads)). On the H200 (Triton 3.6) the plain
-# kernel takes 168 by itself, but the sink epilogue pushed it to 172: two blocks per SM and a 20%
-# slower forward at D64 (benchmarks/results/README.md, session 18).
+# kernel takes 168 by itself; sinks took 172, a left window 211, softcap 204 (two blocks per SM, the
+# forward up to 20% slower). Capped, all four compile to <= 168 without spills
+# (benchmarks/results/README.md, session 19).
 SMALL_FWD_MAX_REGISTERS = 168
+
+
+def register_cap(kernel: str, tile: Tile, meta: dict) -> dict[str, int]:
+    """Extra compile option of a launch: ``{"maxnreg": ...}`` for small-head-dim forward tiles, else {}."""
+    if kernel == "fwd" and tile.num_warps == 4 and max(meta["BLOCK_D"], meta["BLOCK_DV"]) <= 64:
+        return {"maxnreg": SMALL_FWD_MAX_REGISTERS}
+    return {}
 
 
 def _cdiv(x: int, y: int) -> int:

@@ -1,0 +1,48 @@
+"""Occupancy of the forward tiles users get at head dims <= 64 (``make test-gpu``; skipped on CPU).
+
+A 4-warp forward tile needs at most 168 registers per thread to keep three blocks on an SM; the
+variant branches (sinks epilogue, window mask, softcap) took 172-211 without the launcher's cap.
+Each variant is compiled for this GPU with exactly the tile and options ``launch._launch`` uses and
+its register count and spills are read from the compiled kernel."""
+
+from __future__ import annotations
+
+import pytest
+import triton
+from triton.compiler import ASTSource
+
+from tests.ops._compile_sm90 import _aligned, _signature, _variant
+from thd.ops.attention import kernels, launch
+
+pytestmark = pytest.mark.gpu
+
+REGISTERS_PER_SM = 65536
+VARIANTS = {
+    "plain": {"FOLD_SCALE": True},
+    "sinks": {"FOLD_SCALE": True, "HAS_SINKS": True},
+    "window": {"FOLD_SCALE": True, "HAS_LEFT": True},
+    "softcap": {"FOLD_SCALE": False, "SOFTCAP": True},
+}
+
+
+@pytest.mark.parametrize("long_sequences", [False, True], ids=["short", "long"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_small_head_dim_forward_keeps_three_blocks_per_sm(variant: str, long_sequences: bool) -> None:
+    meta = _variant(64, 64, HAS_SINKS=False, ACCUMULATE=False, **VARIANTS[variant])
+    tile = launch.tile_for("fwd", meta, launch.LONG_SEQUENCES + 1 if long_sequences else 128)
+    fn = kernels._attention_fwd_kernel
+    constexprs = {**meta, "TMA": tile.tma, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n}
+    constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
+    signature = _signature(fn, "bf16")
+    options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+    options.update(launch.register_cap("fwd", tile, meta))
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=_aligned(fn, signature)),
+        target=triton.runtime.driver.active.get_current_target(),
+        options=options,
+    )
+    compiled._init_handles()
+    threads = 32 * tile.num_warps
+    blocks = REGISTERS_PER_SM // (compiled.n_regs * threads)
+    assert compiled.n_spills == 0, f"{variant}: {compiled.n_spills} spilled registers"
+    assert blocks >= 3, f"{variant} ({tile.name}): {compiled.n_regs} registers, {blocks} blocks per SM"
