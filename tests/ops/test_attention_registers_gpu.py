@@ -28,7 +28,8 @@ VARIANTS = {
 @pytest.mark.parametrize("long_sequences", [False, True], ids=["short", "long"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_small_head_dim_forward_keeps_three_blocks_per_sm(variant: str, long_sequences: bool) -> None:
-    meta = _variant(64, 64, HAS_SINKS=False, ACCUMULATE=False, **VARIANTS[variant])
+    flags = {"HAS_SINKS": False, "ACCUMULATE": False, **VARIANTS[variant]}
+    meta = {**_variant(64, 64, **flags), "FP32": False}
     tile = launch.tile_for("fwd", meta, launch.LONG_SEQUENCES + 1 if long_sequences else 128)
     fn = kernels._attention_fwd_kernel
     constexprs = {**meta, "TMA": tile.tma, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n}
