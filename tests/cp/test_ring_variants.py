@@ -18,12 +18,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from _dist import cuda_devices, spawn
+from _thread_ring import run_ring
 from torch import Tensor
 
 import thd.reference
 from tests._helpers import assert_close, assert_rows_equal, tolerance
 from thd.cp import partition, ring_attention
 from thd.cp import ring as ring_mod
+from thd.cp.checks import check_variants
 from thd.cp.reference import simulate_ring_attention
 from thd.errors import ThdTypeError, ThdValueError
 
@@ -340,6 +342,27 @@ def _run_ring(
     return out.detach(), lse, q.grad, k.grad, v.grad, None if s is None else s.grad
 
 
+def _assert_rank(case: Case, cp: int, rank: int, got, want, dtype: torch.dtype, label: str) -> None:
+    """Rank ``rank``'s ``(out, lse, dq, dk, dv)`` against its shards of the global oracle ``want``;
+    exact zeros (``-inf`` for lse) on its padding rows."""
+    device = got[0].device
+    cup_q, cup_kv = case.cu("q", device)[1], case.cu("kv", device)[1]
+    shard_q = lambda x: partition(x, cup_q, cp, rank)
+    shard_kv = lambda x: partition(x, cup_kv, cp, rank)
+    expected = (
+        shard_q(want[0]), _partition_lse(want[1], cup_q, cp, rank),
+        shard_q(want[2]), shard_kv(want[3]), shard_kv(want[4]),
+    )  # fmt: skip
+    names = ("out", "lse", "dq", "dk", "dv")
+    for name, g, w in zip(names, got[:5], expected, strict=True):
+        assert_close(g, w, f"{label}: {name}", **tolerance(dtype, "grad" if name.startswith("d") else "out"))
+    pad_q, pad_kv = shard_q(case.padding_rows("q", device)), shard_kv(case.padding_rows("kv", device))
+    for name, g, rows in zip(names, got[:5], (pad_q, pad_q, pad_q, pad_kv, pad_kv), strict=True):
+        assert_rows_equal(
+            g, rows, float("-inf") if name == "lse" else 0.0, f"{label}: {name}", dim=int(name == "lse")
+        )
+
+
 def _check(
     case: Case,
     cp: int,
@@ -359,21 +382,7 @@ def _check(
     want = _oracle(case, *tensors, sinks, causal, window, softcap)
     given_max = bool(seed % 2)  # max_seqlen given or derived (tiles may differ: compare like with like)
     got = _run_ring(case, cp, rank, tensors, sinks, causal, window, softcap, group, given_max)
-    cup_q, cup_kv = case.cu("q", device)[1], case.cu("kv", device)[1]
-    shard_q = lambda x: partition(x, cup_q, cp, rank)
-    shard_kv = lambda x: partition(x, cup_kv, cp, rank)
-    expected = (
-        shard_q(want[0]), _partition_lse(want[1], cup_q, cp, rank),
-        shard_q(want[2]), shard_kv(want[3]), shard_kv(want[4]),
-    )  # fmt: skip
-    names = ("out", "lse", "dq", "dk", "dv")
-    for name, g, w in zip(names, got[:5], expected, strict=True):
-        assert_close(g, w, f"{label}: {name}", **tolerance(dtype, "grad" if name.startswith("d") else "out"))
-    pad_q, pad_kv = shard_q(case.padding_rows("q", device)), shard_kv(case.padding_rows("kv", device))
-    for name, g, rows in zip(names, got[:5], (pad_q, pad_q, pad_q, pad_kv, pad_kv), strict=True):
-        assert_rows_equal(
-            g, rows, float("-inf") if name == "lse" else 0.0, f"{label}: {name}", dim=int(name == "lse")
-        )
+    _assert_rank(case, cp, rank, got, want, dtype, label)
     if sinks is not None:  # each rank's part; the parts summed over the group are the gradient
         total = got[5].clone()
         dist.all_reduce(total, group=group)
@@ -382,7 +391,7 @@ def _check(
         again = _run_ring(
             case, cp, rank, _poison(case, *tensors), sinks, causal, window, softcap, group, given_max
         )
-        for name, g, a in zip((*names, "dsinks"), got, again, strict=True):
+        for name, g, a in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), got, again, strict=True):
             same = (g is None and a is None) or torch.equal(g, a)
             assert same, f"{label}: {name} changed when padding rows of the inputs hold NaN"
 
@@ -460,6 +469,96 @@ def test_ring_variants_through_triton_interpreter_gloo() -> None:
     spawn(_worker_triton_interpreter, 2, timeout_s=300)
 
 
+# ----------------------------------------------------------------------------- ranks as threads
+
+
+def _check_threads(case: Case, cp: int, variant, dtype: torch.dtype, seed: int, device: str, heads) -> dict:
+    """All ``cp`` ranks of the ring as threads of this process (:mod:`_thread_ring`): plans as
+    :func:`ring_attention` builds them on its validated path, inputs with NaN in every padding row
+    (the oracle gets them clean), each rank's shards against the oracle's, the sinks gradient
+    summed over the ranks. Returns the ranks' plan counters."""
+    causal, window, softcap, with_sinks = variant
+    label = (
+        f"threads {case.name} cp={cp} causal={causal} window={window} softcap={softcap} sinks={with_sinks}"
+    )
+    tensors, sinks = _inputs(case, dtype, seed, heads, device)
+    sinks = sinks if with_sinks else None
+    want = _oracle(case, *tensors, sinks, causal, window, softcap)
+    (cu_q, cup_q), (cu_kv, cup_kv) = case.cu("q", device), case.cu("kv", device)
+    options = check_variants(tensors[0], causal, None, window, softcap, sinks)
+    plans = [
+        ring_mod.build_plan(
+            cu_q,
+            cu_kv,
+            cup_q,
+            cup_kv,
+            cp_size=cp,
+            cp_rank=rank,
+            causal=causal,
+            pad_between_seqs=case.padded,
+            max_seqlen_q=max(case.lens),
+            max_seqlen_kv=max(case.side("kv")[0]),
+            softmax_scale=options.softmax_scale,
+            max_slot_q=max(case.slots),
+            max_slot_kv=max(case.side("kv")[1]),
+            window_size=options.window_size,
+            softcap=options.softcap,
+            sinks=sinks is not None,
+            read_layout=True,
+        )
+        for rank in range(cp)
+    ]
+    poisoned = _poison(case, *tensors)
+    cups = (cup_q, cup_kv, cup_kv, cup_q)
+    shards = [
+        [partition(t, cup, cp, rank) for t, cup in zip(poisoned, cups, strict=True)] for rank in range(cp)
+    ]
+    got = run_ring(plans, shards, sinks)
+    for rank in range(cp):
+        _assert_rank(case, cp, rank, got[rank], want, dtype, f"{label} rank={rank}")
+    if sinks is not None:
+        parts = [g[5] for g in got if g[5] is not None]
+        assert_close(torch.stack(parts).sum(0), want[5], f"{label}: dsinks", **tolerance(dtype, "grad"))
+    return {name: sum(getattr(p, name) for p in plans) for name in ("launches", "skipped")}
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_ring_as_threads_matches_reference(cp: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring's own loops with every exchange carried between rank threads (torch reference
+    attention): windows that skip pairs, a softcap, sinks, and a window covering everything."""
+    _torch_only(monkeypatch)
+    docs, long = cases(cp)
+    counts = _check_threads(long, cp, (True, (1, -1), 0.0, True), torch.float32, 500, "cpu", _HEADS)
+    assert counts["skipped"] > 0
+    _check_threads(docs, cp, (True, (3, 0), 2.0, True), torch.float32, 501, "cpu", _HEADS)
+    _check_threads(docs, cp, (False, (2, 1), 0.0, False), torch.float32, 502, "cpu", _HEADS)
+    _check_threads(long, cp, (True, (-1, -1), 2.0, True), torch.float32, 503, "cpu", _HEADS)
+
+
+_GPU_VARIANTS = [
+    (True, (256, 0), 30.0, True),
+    (True, (100, -1), 0.0, False),
+    (False, (128, 64), 0.0, True),
+    (True, (100_000, 0), 0.0, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize(
+    "variant",
+    _GPU_VARIANTS,
+    ids=lambda v: f"causal{int(v[0])}-w{v[1][0]}_{v[1][1]}-cap{v[2]:g}-sinks{int(v[3])}",
+)
+def test_ring_as_threads_on_one_gpu(cp: int, variant) -> None:  # type: ignore[no-untyped-def]
+    """Realistic sizes in bf16 through the compiled kernels, every rank on one GPU (the NCCL test
+    below needs two): windows shorter than a chunk of the long document (pairs skipped), a
+    softcap, sinks, and a window covering everything."""
+    seed = 600 + cp
+    for case in cases(cp, scale=64):
+        _check_threads(case, cp, variant, torch.bfloat16, seed, "cuda", (8, 2, 128, 128))
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
@@ -468,14 +567,8 @@ def _worker_gpu(rank: int, world: int) -> None:
     of the long document (pairs skipped), a softcap, sinks, and a window covering everything."""
     device = f"cuda:{rank}"
     seed = 300
-    variants = [
-        (True, (256, 0), 30.0, True),
-        (True, (100, -1), 0.0, False),
-        (False, (128, 64), 0.0, True),
-        (True, (100_000, 0), 0.0, True),
-    ]
     for case in cases(world, scale=64):
-        for variant in variants:
+        for variant in _GPU_VARIANTS:
             seed += 1
             _check(case, world, rank, variant, torch.bfloat16, seed, device=device, heads=(8, 2, 128, 128))
 
