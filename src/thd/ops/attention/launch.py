@@ -296,8 +296,9 @@ def _launch(
 # A 4-warp forward tile of head dims <= 64 is capped at 168 registers per thread, which keeps
 # three blocks on an SM (65536 registers / (168 x 128 threads)). On the H200 (Triton 3.6) the plain
 # kernel takes 168 by itself; sinks took 172, a left window 211, softcap 204 (two blocks per SM, the
-# forward up to 20% slower). Capped, all four compile to <= 168 without spills
-# (benchmarks/results/README.md, session 19).
+# forward up to 20% slower). Capped, all four compile to <= 168 without spills there
+# (tests/ops/test_attention_registers_gpu.py; benchmarks/results/README.md, session 19). The ring's
+# accumulating forward was not timed capped (Triton 3.9's ptxas gives it an 8-byte stack frame).
 SMALL_FWD_MAX_REGISTERS = 168
 
 
