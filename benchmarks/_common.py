@@ -277,8 +277,11 @@ def package_version(*names: str) -> str | None:
     return None
 
 
-def command_line() -> str:
-    """The command that started this process, shell-quoted, with the settings that change it."""
+def command_line(argv: Sequence[str] | None = None, script: str = "") -> str:
+    """The command that started this process, shell-quoted, with the settings that change it; or,
+    for a ``main(argv)`` called in-process, ``script`` and ``argv`` shell-quoted."""
+    if argv is not None:
+        return shlex.join([script, *argv])
     env = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in _ENV_VARS if k in os.environ)
     argv = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
     return f"{env} {argv}".strip()

@@ -51,7 +51,6 @@ import argparse
 import logging
 import os
 import random
-import shlex
 import sys
 import tempfile
 import time
@@ -61,7 +60,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _common import attention_flops, env_fingerprint, error_text, make_record, write_json
+from _common import attention_flops, command_line, env_fingerprint, error_text, make_record, write_json
 from torch import Tensor
 
 MIXES: dict[str, tuple[int, int]] = {"1024-8192": (1024, 8192), "4096-32768": (4096, 32768)}
@@ -704,9 +703,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.device = "cpu"
     if args.quick:
         args.tokens, args.kv_heads, args.warmup, args.iters, args.host_calls = [8192], [args.heads], 1, 3, 20
-    args.command = shlex.join(
-        [os.path.basename(sys.executable), *sys.argv] if argv is None else ["bench_ring.py", *argv]
-    )
+    args.command = command_line(argv, "bench_ring.py")
     return args
 
 

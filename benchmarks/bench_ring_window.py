@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,15 @@ from typing import Any
 
 import bench_ring
 import torch
-from _common import attention_flops, bench_back_to_back, env_fingerprint, error_text, make_record, write_json
+from _common import (
+    attention_flops,
+    bench_back_to_back,
+    command_line,
+    env_fingerprint,
+    error_text,
+    make_record,
+    write_json,
+)
 from torch import Tensor
 
 MIXES: dict[str, tuple[int, int] | None] = {
@@ -225,9 +232,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.cp, args.tokens, args.rep_ms, args.trials = [2], 8192, 20.0, 3
-    args.command = shlex.join(
-        [os.path.basename(sys.executable), *sys.argv] if argv is None else ["bench_ring_window.py", *argv]
-    )
+    args.command = command_line(argv, "bench_ring_window.py")
     return args
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import shlex
 import statistics
 import sys
 import time
@@ -223,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     padded_width = -(-max(lengths) // args.pad_to_multiple_of) * args.pad_to_multiple_of
     payload: dict[str, Any] = {
         "benchmark": "transformers",
-        "command": command_line() if argv is None else shlex.join([Path(__file__).name, *argv]),
+        "command": command_line(argv, Path(__file__).name),
         "commit": env["git_sha"],
         "gpu": env["device"],
         "env": env,

@@ -116,16 +116,22 @@ CONFIGS = {
 }
 
 
-def compile_config(name: str) -> dict[str, int]:
-    """Compile one configuration; counts of Hopper instructions in its PTX."""
-    kernel, dtype, meta, (block_m, block_n, warps, stages) = CONFIGS[name]
+def compile_kernel(kernel: str, dtype: str, constexprs: dict, options: dict, target: GPUTarget):  # type: ignore[no-untyped-def]
+    """``triton.compile`` of ``kernels.<kernel>`` as a launch with contiguous tensors specializes it
+    (``constexprs`` not among its parameters are dropped)."""
     fn = getattr(kernels, kernel)
-    constexprs = {**meta, "BLOCK_M": block_m, "BLOCK_N": block_n}
     constexprs = {key: value for key, value in constexprs.items() if key in fn.arg_names}
     signature = _signature(fn, dtype)
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=_aligned(fn, signature))
-    compiled = triton.compile(
-        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+    return triton.compile(source, target=target, options=options)
+
+
+def compile_config(name: str) -> dict[str, int]:
+    """Compile one configuration; counts of Hopper instructions in its PTX."""
+    kernel, dtype, meta, (block_m, block_n, warps, stages) = CONFIGS[name]
+    constexprs = {**meta, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    compiled = compile_kernel(
+        kernel, dtype, constexprs, {"num_warps": warps, "num_stages": stages}, GPUTarget("cuda", 90, 32)
     )
     ptx = compiled.asm["ptx"]
     return {

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 import triton
-from triton.compiler import ASTSource
 
-from tests.ops._compile_sm90 import _aligned, _signature, _variant
-from thd.ops.attention import kernels, launch
+from tests.ops._compile_sm90 import _variant, compile_kernel
+from thd.ops.attention import launch
 
 pytestmark = pytest.mark.gpu
 
@@ -31,17 +30,11 @@ def test_small_head_dim_forward_keeps_three_blocks_per_sm(variant: str, long_seq
     flags = {"HAS_SINKS": False, "ACCUMULATE": False, **VARIANTS[variant]}
     meta = {**_variant(64, 64, **flags), "FP32": False}
     tile = launch.tile_for("fwd", meta, launch.LONG_SEQUENCES + 1 if long_sequences else 128)
-    fn = kernels._attention_fwd_kernel
     constexprs = {**meta, "TMA": tile.tma, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n}
-    constexprs = {name: value for name, value in constexprs.items() if name in fn.arg_names}
-    signature = _signature(fn, "bf16")
     options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
     options.update(launch.register_cap("fwd", tile, meta))
-    compiled = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=_aligned(fn, signature)),
-        target=triton.runtime.driver.active.get_current_target(),
-        options=options,
-    )
+    target = triton.runtime.driver.active.get_current_target()
+    compiled = compile_kernel("_attention_fwd_kernel", "bf16", constexprs, options, target)
     compiled._init_handles()
     threads = 32 * tile.num_warps
     blocks = REGISTERS_PER_SM // (compiled.n_regs * threads)
