@@ -18,12 +18,14 @@ _INT_POINTERS = {"cu_q_ptr", "cu_k_ptr", "cup_q_ptr", "cup_k_ptr", "pos_q_ptr", 
 _FLOATS = {"sm_scale", "softcap"}
 
 
-def _signature(fn: triton.JITFunction, dtype: str) -> dict[str, str]:
+def _signature(
+    fn: triton.JITFunction, dtype: str, fp32_pointers: frozenset[str] = frozenset()
+) -> dict[str, str]:
     signature = {}
     for index, name in enumerate(fn.arg_names):
         if index in fn.constexprs:
             signature[name] = "constexpr"
-        elif name in _FP32_POINTERS:
+        elif name in _FP32_POINTERS or name in fp32_pointers:
             signature[name] = "*fp32"
         elif name in _INT_POINTERS:
             signature[name] = "*i32"
@@ -116,12 +118,20 @@ CONFIGS = {
 }
 
 
-def compile_kernel(kernel: str, dtype: str, constexprs: dict, options: dict, target: GPUTarget):  # type: ignore[no-untyped-def]
+def compile_kernel(  # type: ignore[no-untyped-def]
+    kernel: str,
+    dtype: str,
+    constexprs: dict,
+    options: dict,
+    target: GPUTarget,
+    fp32_pointers: frozenset[str] = frozenset(),
+):
     """``triton.compile`` of ``kernels.<kernel>`` as a launch with contiguous tensors specializes it
-    (``constexprs`` not among its parameters are dropped)."""
+    (``constexprs`` not among its parameters are dropped; ``fp32_pointers`` name further fp32 tensors,
+    such as the ring's fp32 running output)."""
     fn = getattr(kernels, kernel)
     constexprs = {key: value for key, value in constexprs.items() if key in fn.arg_names}
-    signature = _signature(fn, dtype)
+    signature = _signature(fn, dtype, fp32_pointers)
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=_aligned(fn, signature))
     return triton.compile(source, target=target, options=options)
 

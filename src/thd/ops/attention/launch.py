@@ -299,12 +299,14 @@ def _launch(
 # forward up to 20% slower). Capped, all four compile to <= 168 without spills there
 # (tests/ops/test_attention_registers_gpu.py; benchmarks/results/README.md, session 19). The ring's
 # accumulating forward was not timed capped (Triton 3.9's ptxas gives it an 8-byte stack frame).
-SMALL_FWD_MAX_REGISTERS = 168
+# ``THD_FWD_MAX_REGISTERS`` (read at import) replaces the cap; ``0`` compiles without one.
+SMALL_FWD_MAX_REGISTERS = int(os.environ.get("THD_FWD_MAX_REGISTERS", "168"))
 
 
 def register_cap(kernel: str, tile: Tile, meta: dict) -> dict[str, int]:
     """Extra compile option of a launch: ``{"maxnreg": ...}`` for small-head-dim forward tiles, else {}."""
-    if kernel == "fwd" and tile.num_warps == 4 and max(meta["BLOCK_D"], meta["BLOCK_DV"]) <= 64:
+    small = max(meta["BLOCK_D"], meta["BLOCK_DV"]) <= 64
+    if kernel == "fwd" and tile.num_warps == 4 and small and SMALL_FWD_MAX_REGISTERS > 0:
         return {"maxnreg": SMALL_FWD_MAX_REGISTERS}
     return {}
 
