@@ -47,7 +47,7 @@ __all__ = [
 MODE_FLOP_FACTORS: dict[str, float] = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 QUANTILES = (0.5, 0.2, 0.8)
 # Settings that change what is measured (THD_AUTOTUNE=0 pins one config per kernel).
-_ENV_VARS = ("THD_AUTOTUNE", "THD_ATTENTION_BACKEND", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")
+_ENV_VARS = ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")  # recorded besides every THD_* setting
 
 
 def visible_pairs(len_q: int, len_kv: int, *, causal: bool, window_left: int | None = None) -> float:
@@ -282,7 +282,8 @@ def command_line(argv: Sequence[str] | None = None, script: str = "") -> str:
     for a ``main(argv)`` called in-process, ``script`` and ``argv`` shell-quoted."""
     if argv is not None:
         return shlex.join([script, *argv])
-    env = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in _ENV_VARS if k in os.environ)
+    names = sorted(k for k in os.environ if k.startswith("THD_")) + [k for k in _ENV_VARS if k in os.environ]
+    env = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in names)
     argv = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
     return f"{env} {argv}".strip()
 

@@ -4,6 +4,7 @@ window summary (the GPU timings themselves are in benchmarks/results)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -185,3 +186,18 @@ def test_attention_rounds_take_the_median_of_round_medians(monkeypatch: pytest.M
     assert (combined["median_ms"], combined["min_ms"], combined["max_ms"]) == (2.0, 0.9, 4.0)
     assert combined["trials"] == 15 and combined["round_median_ms"] == [3.0, 1.0, 2.0]
     assert bench_attention.combine_rounds(rounds[:1]) == rounds[0]
+
+
+def test_recorded_command_names_every_thd_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import _common
+
+    for name in [k for k in os.environ if k.startswith("THD_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("THD_FWD_MAX_REGISTERS", "0")
+    monkeypatch.setenv("THD_TILES", "my tiles.json")
+    monkeypatch.setattr(sys, "argv", ["bench_ring_window.py", "--out", "r.json"])
+    command = _common.command_line()
+    assert command.startswith("THD_FWD_MAX_REGISTERS=0 THD_TILES='my tiles.json' ")
+    assert command.endswith(" bench_ring_window.py --out r.json")
+    assert _common.command_line(["--cp", "2"], "bench_ring.py") == "bench_ring.py --cp 2"

@@ -1,7 +1,8 @@
 """Occupancy of the forward tiles users get at head dims <= 64 (``make test-gpu``; skipped on CPU).
 
 A 4-warp forward tile needs at most 168 registers per thread to keep three blocks on an SM; the
-variant branches (sinks epilogue, window mask, softcap) took 172-211 without the launcher's cap.
+variant branches (sinks epilogue, window mask, softcap) took 172-211 without the launcher's cap, and
+the ring's accumulating launches (fp32 running output, chunk positions) 208-210.
 Each variant is compiled for this GPU with exactly the tile and options ``launch._launch`` uses and
 its register count and spills are read from the compiled kernel."""
 
@@ -21,6 +22,15 @@ VARIANTS = {
     "sinks": {"FOLD_SCALE": True, "HAS_SINKS": True},
     "window": {"FOLD_SCALE": True, "HAS_LEFT": True},
     "softcap": {"FOLD_SCALE": False, "SOFTCAP": True},
+    "ring": {"FOLD_SCALE": True, "ACCUMULATE": True},
+    "ring-window-softcap-sinks": {
+        "FOLD_SCALE": False,
+        "ACCUMULATE": True,
+        "HAS_POSITIONS": True,
+        "HAS_LEFT": True,
+        "SOFTCAP": True,
+        "HAS_SINKS": True,
+    },
 }
 
 
@@ -34,7 +44,8 @@ def test_small_head_dim_forward_keeps_three_blocks_per_sm(variant: str, long_seq
     options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
     options.update(launch.register_cap("fwd", tile, meta))
     target = triton.runtime.driver.active.get_current_target()
-    compiled = compile_kernel("_attention_fwd_kernel", "bf16", constexprs, options, target)
+    fp32_out = frozenset({"out_ptr"}) if meta["ACCUMULATE"] else frozenset()  # the ring's running output
+    compiled = compile_kernel("_attention_fwd_kernel", "bf16", constexprs, options, target, fp32_out)
     compiled._init_handles()
     threads = 32 * tile.num_warps
     blocks = REGISTERS_PER_SM // (compiled.n_regs * threads)

@@ -298,7 +298,8 @@ def _launch(
 # kernel takes 168 by itself; sinks took 172, a left window 211, softcap 204 (two blocks per SM, the
 # forward up to 20% slower). Capped, all four compile to <= 168 without spills there
 # (tests/ops/test_attention_registers_gpu.py; benchmarks/results/README.md, session 19). The ring's
-# accumulating forward was not timed capped (Triton 3.9's ptxas gives it an 8-byte stack frame).
+# accumulating launches took 208-210, capped 166-168 without spills, and its forward per rank ran
+# 0.6-11% faster capped (docs/cp.md; Triton 3.9's ptxas gives them an 8-byte stack frame instead).
 # ``THD_FWD_MAX_REGISTERS`` (read at import) replaces the cap; ``0`` compiles without one.
 SMALL_FWD_MAX_REGISTERS = int(os.environ.get("THD_FWD_MAX_REGISTERS", "168"))
 
