@@ -30,6 +30,7 @@ from tests._helpers import (
     poisoned_allocations,
     tolerance,
 )
+from tests._strategies import random_layouts
 from thd.errors import ThdTypeError, ThdValueError
 from thd.ops.attention import AttentionOptions, VarlenLayout, attention_backward, attention_forward, reference
 
@@ -162,27 +163,9 @@ def test_attention_matches_reference(
     _check_padding(layout, out, lse, grads)
 
 
-@st.composite
-def _random_layouts(draw: st.DrawFn) -> Layout:
-    count = draw(st.integers(1, 4))
-    lens = st.lists(st.integers(0, 40), min_size=count, max_size=count)
-    pads = st.lists(st.integers(0, 5), min_size=count, max_size=count)
-    lens_q = draw(lens)
-    lens_kv = draw(st.one_of(st.just(lens_q), lens))
-    return make_layout(
-        "random",
-        lens_q,
-        lens_kv,
-        pad_q=draw(pads),
-        pad_kv=draw(pads),
-        capacity_q=draw(st.integers(0, 4)),
-        capacity_kv=draw(st.integers(0, 4)),
-    )
-
-
 @pytest.mark.property
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layout=_random_layouts(), causal=st.booleans(), heads=st.sampled_from(HEADS))
+@given(layout=random_layouts(), causal=st.booleans(), heads=st.sampled_from(HEADS))
 def test_attention_random_layouts_match_reference(
     layout: Layout, causal: bool, heads: tuple[int, int, int, int]
 ) -> None:

@@ -13,10 +13,13 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from torch import Tensor
 
 import thd
 from tests._helpers import Layout, assert_close, make_layout, make_qkv, poisoned_allocations, tolerance
+from tests._strategies import random_layouts
 from thd.errors import ThdTypeError, ThdValueError
 from thd.ops.attention import reference
 
@@ -88,6 +91,34 @@ CPU_CASES = [
 @pytest.mark.parametrize("layout", [_CPU_LAYOUT, _CPU_CROSS], ids=lambda lay: lay.name)
 def test_variants_match_reference_cpu(layout: Layout, options: dict, sinks: bool) -> None:
     _compare(layout, (4, 2), (32, 32), torch.float32, "cpu", sinks, **options)
+
+
+@pytest.mark.property
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layout=random_layouts(),
+    window=st.tuples(st.integers(-1, 45), st.integers(-1, 45)),
+    causal=st.booleans(),
+    softcap=st.sampled_from([0.0, 0.7, 5.0]),
+    sinks=st.booleans(),
+    heads=st.sampled_from([(2, 2), (4, 2), (3, 1)]),
+    deterministic=st.booleans(),
+)
+def test_random_variants_match_reference_cpu(
+    layout: Layout,
+    window: tuple[int, int],
+    causal: bool,
+    softcap: float,
+    sinks: bool,
+    heads: tuple[int, int],
+    deterministic: bool,
+) -> None:
+    """Any window (including none, one side, narrower than a token and wider than every sequence),
+    softcap and sinks together on random padded layouts with Lq != Lk, forward and backward."""
+    assume(sum(layout.lens_q) > 0)  # no real query: the reference output has no grad_fn
+    window = (window[0], min(window[1], 0)) if causal else window  # causal means right = 0
+    options = {"window_size": window, "causal": causal, "softcap": softcap, "deterministic": deterministic}
+    _compare(layout, heads, (16, 8), torch.float32, "cpu", sinks, **options)
 
 
 @pytest.mark.parametrize("dims", [(8, 8), (40, 24), (72, 136)], ids=lambda d: f"D{d[0]}-Dv{d[1]}")
