@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from _dist import cuda_devices, spawn
 from _thread_ring import run_ring
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from torch import Tensor
 
 import thd.reference
@@ -137,6 +139,7 @@ _VARIANTS = [
     (True, (9, 0), 0.0, True),
     (True, (1000, 0), 0.0, False),
     (True, (-1, -1), 2.0, True),
+    (True, (-1, 0), 0.0, False),  # causal spelled with the window's right side too
     (False, (2, 1), 0.0, False),
     (False, (-1, 3), 0.0, True),
     (False, (9, 0), 2.0, True),
@@ -472,9 +475,12 @@ def test_ring_variants_through_triton_interpreter_gloo() -> None:
 # ----------------------------------------------------------------------------- ranks as threads
 
 
-def _check_threads(case: Case, cp: int, variant, dtype: torch.dtype, seed: int, device: str, heads) -> dict:
+def _check_threads(
+    case: Case, cp: int, variant, dtype: torch.dtype, seed: int, device: str, heads, read_layout: bool = True
+) -> dict:
     """All ``cp`` ranks of the ring as threads of this process (:mod:`_thread_ring`): plans as
-    :func:`ring_attention` builds them on its validated path, inputs with NaN in every padding row
+    :func:`ring_attention` builds them on its validated path (``read_layout=False``: as with
+    ``max_seqlen_*`` given, where it may not read the lengths), inputs with NaN in every padding row
     (the oracle gets them clean), each rank's shards against the oracle's, the sinks gradient
     summed over the ranks. Returns the ranks' plan counters."""
     causal, window, softcap, with_sinks = variant
@@ -504,7 +510,7 @@ def _check_threads(case: Case, cp: int, variant, dtype: torch.dtype, seed: int, 
             window_size=options.window_size,
             softcap=options.softcap,
             sinks=sinks is not None,
-            read_layout=True,
+            read_layout=read_layout,
         )
         for rank in range(cp)
     ]
@@ -533,6 +539,59 @@ def test_ring_as_threads_matches_reference(cp: int, monkeypatch: pytest.MonkeyPa
     _check_threads(docs, cp, (True, (3, 0), 2.0, True), torch.float32, 501, "cpu", _HEADS)
     _check_threads(docs, cp, (False, (2, 1), 0.0, False), torch.float32, 502, "cpu", _HEADS)
     _check_threads(long, cp, (True, (-1, -1), 2.0, True), torch.float32, 503, "cpu", _HEADS)
+
+
+@st.composite
+def _ring_layouts(draw: st.DrawFn) -> tuple[int, Case]:
+    """A ring size and a padded batch for it: 1-4 documents of 0 to 7 chunks' worth of tokens,
+    slots rounded up to ``2 * cp`` (sometimes one chunk pair more), capacity; self-attention
+    or keys of other lengths."""
+    cp = draw(st.sampled_from([2, 3, 4]))
+    m = 2 * cp
+    lens = draw(st.lists(st.integers(0, 7 * m), min_size=1, max_size=4))
+    extra = draw(st.lists(st.sampled_from([0, 0, m]), min_size=len(lens), max_size=len(lens)))
+    slots = tuple(_round_up(n, m) + e for n, e in zip(lens, extra, strict=True))
+    kv = None
+    if draw(st.booleans()):  # cross attention: other key lengths and slots
+        lens_kv = draw(st.lists(st.integers(0, 7 * m), min_size=len(lens), max_size=len(lens)))
+        kv = (tuple(lens_kv), tuple(_round_up(n, m) + e for n, e in zip(lens_kv, extra, strict=True)))
+    return cp, Case("random", tuple(lens), slots, capacity=draw(st.sampled_from([0, m])), kv=kv)
+
+
+@pytest.mark.property
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    ring=_ring_layouts(),
+    window=st.tuples(st.integers(-1, 40), st.integers(-1, 40)),
+    causal=st.booleans(),
+    softcap=st.sampled_from([0.0, 2.0]),
+    sinks=st.booleans(),
+    read_layout=st.booleans(),
+)
+def test_random_ring_layouts_and_variants_match_reference(
+    ring: tuple[int, Case],
+    window: tuple[int, int],
+    causal: bool,
+    softcap: float,
+    sinks: bool,
+    read_layout: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Random ring sizes, documents, slot padding, key layouts and variants, with the lengths read
+    (pairs skipped) or not: the ring's own loops (ranks as threads, torch reference attention)
+    against single-process attention. Found: causal=True with window_size=(-1, 0) ran the plain
+    ring with the right bound kept, masking keys of its non-causal launches."""
+    cp, case = ring
+    assume(sum(case.lens) > 0)  # no real query: the oracle's output has no grad_fn
+    assume(not (causal and case.kv is not None))  # ring_attention refuses causal cross layouts
+    _torch_only(monkeypatch)
+    window = (window[0], min(window[1], 0)) if causal else window  # causal means right = 0
+    variant = (causal, window, softcap, sinks)
+    _check_threads(case, cp, variant, torch.float32, 600, "cpu", _HEADS, read_layout)
 
 
 _GPU_VARIANTS = [

@@ -399,6 +399,10 @@ def build_plan(
             cu_q, cu_kv, cup_q, cup_kv, tq, tkv, pairs, cp, r, causal,
             sink_chunks if sinks else None, options, pad_between_seqs, mq_half, mkv_half, local,
         )  # fmt: skip
+    # No window left, or causal=True with window_size=(-1, 0): the plain ring. Its off-diagonal
+    # launches are not causal, so a right bound kept in the options would mask their keys by
+    # each launch's own bottom-right alignment.
+    options = replace(options, window_size=(-1, -1))
     steps: list[tuple[Launch, ...]] = []
     if not causal:
         for j in range(cp):
