@@ -103,6 +103,7 @@ def test_variants_match_reference_cpu(layout: Layout, options: dict, sinks: bool
     sinks=st.booleans(),
     heads=st.sampled_from([(2, 2), (4, 2), (3, 1)]),
     deterministic=st.booleans(),
+    given_max=st.booleans(),
 )
 def test_random_variants_match_reference_cpu(
     layout: Layout,
@@ -112,12 +113,16 @@ def test_random_variants_match_reference_cpu(
     sinks: bool,
     heads: tuple[int, int],
     deterministic: bool,
+    given_max: bool,
 ) -> None:
     """Any window (including none, one side, narrower than a token and wider than every sequence),
-    softcap and sinks together on random padded layouts with Lq != Lk, forward and backward."""
+    softcap and sinks together on random padded layouts with Lq != Lk, forward and backward, with
+    ``max_seqlen_*`` given or derived."""
     assume(sum(layout.lens_q) > 0)  # no real query: the reference output has no grad_fn
     window = (window[0], min(window[1], 0)) if causal else window  # causal means right = 0
     options = {"window_size": window, "causal": causal, "softcap": softcap, "deterministic": deterministic}
+    if not given_max:
+        options.update(max_seqlen_q=None, max_seqlen_kv=None)
     _compare(layout, heads, (16, 8), torch.float32, "cpu", sinks, **options)
 
 
