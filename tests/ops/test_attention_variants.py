@@ -344,3 +344,44 @@ def test_variants_match_reference_gpu(
 )
 def test_any_head_dim_gpu(dims: tuple[int, int]) -> None:
     _compare(_GPU_LAYOUT, (4, 2), dims, torch.bfloat16, "cuda", False, causal=True)
+
+
+@st.composite
+def _long_layouts(draw: st.DrawFn) -> Layout:
+    """1-4 sequences of up to 3000 tokens (many tiles of every size users get), padding."""
+    count = draw(st.integers(1, 4))
+    lens = st.lists(st.integers(0, 3000), min_size=count, max_size=count)
+    pads = st.lists(st.integers(0, 70), min_size=count, max_size=count)
+    lens_q = draw(lens)
+    lens_kv = draw(st.one_of(st.just(lens_q), lens))
+    capacity = draw(st.integers(0, 130))
+    return make_layout("long", lens_q, lens_kv, pad_q=draw(pads), pad_kv=draw(pads), capacity_q=capacity)
+
+
+@pytest.mark.gpu
+@pytest.mark.property
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layout=_long_layouts(),
+    window=st.tuples(st.integers(-1, 3500), st.integers(-1, 3500)),
+    causal=st.booleans(),
+    softcap=st.sampled_from([0.0, 20.0]),
+    sinks=st.booleans(),
+    dims=st.sampled_from([(64, 64), (128, 128)]),
+    deterministic=st.booleans(),
+)
+def test_random_variants_match_reference_gpu(
+    layout: Layout,
+    window: tuple[int, int],
+    causal: bool,
+    softcap: float,
+    sinks: bool,
+    dims: tuple[int, int],
+    deterministic: bool,
+) -> None:
+    """The CPU property test at lengths that span many tiles of the table's sizes (64-128 rows),
+    bf16: window bounds falling inside, at and beyond tile edges, with each other variant."""
+    assume(sum(layout.lens_q) > 0)
+    window = (window[0], min(window[1], 0)) if causal else window
+    options = {"window_size": window, "causal": causal, "softcap": softcap, "deterministic": deterministic}
+    _compare(layout, (8, 2), dims, torch.bfloat16, "cuda", sinks, **options)
