@@ -16,11 +16,28 @@ import triton
 from torch import Tensor
 from triton.runtime import _allocation
 
+from thd.errors import ThdValueError
 from thd.ops.attention import kernels
 from thd.ops.attention.fast_launch import KernelLauncher
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = ["CANDIDATES", "TILES", "Tile", "backward", "forward", "register_cap", "tile_for"]
+
+
+def env_int(name: str, default: int, allowed: range) -> int:
+    """Integer setting ``name`` from the environment (``default`` when unset or empty);
+    :class:`ThdValueError` naming the variable and its value when it is not in ``allowed``."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value not in allowed:
+        raise ThdValueError(f"{name}={raw!r}: expected an integer from {allowed.start} to {allowed.stop - 1}")
+    return value
+
 
 # Read once at import, as Triton decides interpreter vs compiler when kernels are decorated.
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -175,7 +192,7 @@ def _prune(kernel: str):  # type: ignore[no-untyped-def]
 # MEASURED_DQ_MODE is the best_dq_mode of benchmarks/results/attention-tiles.json (a test keeps
 # them equal): a sweep that finds the atomic backward faster moves the default with the table.
 MEASURED_DQ_MODE = 0
-FAST_DQ_MODE = 1 if _INTERPRET else int(os.environ.get("THD_DQ_MODE", str(MEASURED_DQ_MODE)))
+FAST_DQ_MODE = 1 if _INTERPRET else env_int("THD_DQ_MODE", MEASURED_DQ_MODE, range(3))
 
 
 def _scratch(size: int, alignment: int, stream: int | None) -> Tensor:
@@ -301,7 +318,7 @@ def _launch(
 # accumulating launches took 208-210, capped 166-168 without spills, and its forward per rank ran
 # 0.6-11% faster capped (docs/cp.md; Triton 3.9's ptxas gives them an 8-byte stack frame instead).
 # ``THD_FWD_MAX_REGISTERS`` (read at import) replaces the cap; ``0`` compiles without one.
-SMALL_FWD_MAX_REGISTERS = int(os.environ.get("THD_FWD_MAX_REGISTERS", "168"))
+SMALL_FWD_MAX_REGISTERS = env_int("THD_FWD_MAX_REGISTERS", 168, range(256))
 
 
 def register_cap(kernel: str, tile: Tile, meta: dict) -> dict[str, int]:
