@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from torch import Tensor
 
 import thd
@@ -79,6 +81,23 @@ def _assert_same(
 @pytest.mark.parametrize("family", FAMILIES)
 def test_matches_per_document_oracle(family: str, form: str) -> None:
     docs = documents(LENGTHS)
+    _assert_same(_run_thd(family, docs, form), _oracle(family, docs))
+
+
+@pytest.mark.property
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=5),
+    family=st.sampled_from(FAMILIES),
+    form=st.sampled_from(["cu_seq_lens", "position_ids", "right_padded"]),
+    seed=st.integers(0, 5),
+)
+def test_random_documents_match_per_document_oracle(
+    lengths: list[int], family: str, form: str, seed: int
+) -> None:
+    """Any number and lengths of documents (one-token ones, documents longer than Gemma 2's window)."""
+    assume(max(lengths) > 1)  # one-token documents alone have no next-token loss
+    docs = documents(lengths, seed=seed)
     _assert_same(_run_thd(family, docs, form), _oracle(family, docs))
 
 
