@@ -560,7 +560,7 @@ def _ring_layouts(draw: st.DrawFn) -> tuple[int, Case]:
 
 @pytest.mark.property
 @settings(
-    max_examples=10,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
