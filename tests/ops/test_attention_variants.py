@@ -222,6 +222,7 @@ def test_use_deterministic_algorithms_selects_the_deterministic_backward(
         ({"window_size": (-2, 0)}, ThdValueError, "window_size left"),
         ({"window_size": (4,)}, ThdTypeError, "window_size"),
         ({"window_size": (4, 2), "causal": True}, ThdValueError, "causal"),
+        ({"window_size": (4, 10**30), "causal": True}, ThdValueError, "causal"),
         ({"sinks": torch.zeros(3)}, ThdValueError, "sinks shape"),
         ({"sinks": torch.zeros(2, dtype=torch.int32)}, ThdTypeError, "sinks dtype"),
         ({"sinks": torch.zeros(2, device="meta")}, ThdValueError, "sinks device"),
@@ -236,6 +237,19 @@ def test_rejects_bad_variant_arguments(change: dict, error: type[Exception], mat
     q, k, v, _ = make_qkv(layout, 2, 1, 32, 32, torch.float32, poison=None)
     with pytest.raises(error, match=match):
         thd.attention(q, k, v, **{**layout.kwargs(), **change})
+
+
+@pytest.mark.parametrize(
+    ("window", "unbounded"),
+    [((2**31 - 1, 0), (-1, 0)), ((10**30, 0), (-1, 0)), ((2**40, 2**31), (-1, -1)), ((3, 10**20), (3, -1))],
+)
+def test_window_sides_beyond_int32_bound_nothing(window: tuple[int, int], unbounded: tuple[int, int]) -> None:
+    """A side no int32 length can reach is unbounded (it used to overflow inside Triton)."""
+    layout = make_layout("small", [37, 5], pad_q=[3, 1])
+    q, k, v, _ = make_qkv(layout, 2, 1, 16, 16, torch.float32, poison=None)
+    got = thd.attention(q, k, v, window_size=window, **layout.kwargs())
+    want = thd.attention(q, k, v, window_size=unbounded, **layout.kwargs())
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize(
