@@ -229,6 +229,8 @@ def test_use_deterministic_algorithms_selects_the_deterministic_backward(
         ({"max_seqlen_q": -5}, ThdValueError, "max_seqlen_q"),
         ({"max_seqlen_q": 3.7}, ThdTypeError, "max_seqlen_q"),
         ({"softmax_scale": "x"}, ThdTypeError, "softmax_scale"),
+        ({"softmax_scale": 1e308}, ThdValueError, "softmax_scale: expected a number finite in float32"),
+        ({"softcap": 1e308}, ThdValueError, "softcap: expected 0 .off. to 3.403e.38 .float32., got 1e.308"),
     ],
     ids=lambda x: str(x)[:40] if isinstance(x, str) else None,
 )

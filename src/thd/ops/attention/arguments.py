@@ -13,6 +13,7 @@ from torch import Tensor
 
 from thd.errors import ThdTypeError, ThdValueError
 from thd.ops.attention.checks import (
+    MAX_FLOAT32,
     MAX_HEAD_DIM,
     MAX_SEQLEN_LIMIT,
     check_head_dim,
@@ -79,9 +80,9 @@ def resolve_options(
             and type(right) is int
             and -1 <= left < _UNBOUNDING_SIDE
             and -1 <= right < _UNBOUNDING_SIDE
-            and (scale is None or (type(scale) is float and -math.inf < scale < math.inf))
+            and (scale is None or (type(scale) is float and -MAX_FLOAT32 <= scale <= MAX_FLOAT32))
             and (type(softcap) is float or type(softcap) is int)
-            and 0 <= softcap < math.inf
+            and 0 <= softcap <= MAX_FLOAT32
             and not (causal and right > 0)
         ):
             scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -92,8 +93,8 @@ def resolve_options(
     scale = check_softmax_scale(fn, softmax_scale)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     cap = _finite_real(fn, "softcap", softcap)
-    if cap < 0:
-        raise ThdValueError(f"{fn}: softcap: expected >= 0 (0: off), got {cap}")
+    if not 0 <= cap <= MAX_FLOAT32:
+        raise ThdValueError(f"{fn}: softcap: expected 0 (off) to {MAX_FLOAT32:.4g} (float32), got {cap}")
     return AttentionOptions(
         float(scale), bool(causal), _window(fn, window_size, bool(causal)), cap, bool(deterministic)
     )

@@ -18,6 +18,7 @@ from thd.layout import check_cu_metadata
 
 __all__ = [
     "FLOAT_DTYPES",
+    "MAX_FLOAT32",
     "MAX_HEAD_DIM",
     "MAX_SEQLEN_LIMIT",
     "check_accumulator",
@@ -31,6 +32,7 @@ __all__ = [
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_HEAD_DIM = 256
 MAX_SEQLEN_LIMIT = 2**31 - 1
+MAX_FLOAT32 = torch.finfo(torch.float32).max  # scale and softcap reach the kernels as float32
 """Largest ``max_seqlen_*`` accepted: row indices are int32 in the kernels."""
 
 
@@ -55,8 +57,11 @@ def check_softmax_scale(fn: str, value: object) -> float | None:
         raise ThdTypeError(
             f"{fn}: softmax_scale: expected a float or None, got {type(value).__name__} {value!r:.60}"
         )
-    if not math.isfinite(float(value)):
-        raise ThdValueError(f"{fn}: softmax_scale: expected a finite number, got {float(value)!r}")
+    if not math.isfinite(float(value)) or abs(float(value)) > MAX_FLOAT32:
+        raise ThdValueError(
+            f"{fn}: softmax_scale: expected a number finite in float32 (|x| <= {MAX_FLOAT32:.4g}), "
+            f"got {float(value)!r}"
+        )
     return float(value)
 
 
