@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from _dist import cuda_devices, spawn
 from _thread_ring import run_ring
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
@@ -541,12 +541,21 @@ def test_ring_as_threads_matches_reference(cp: int, monkeypatch: pytest.MonkeyPa
     _check_threads(long, cp, (True, (-1, -1), 2.0, True), torch.float32, 503, "cpu", _HEADS)
 
 
+_WINDOWS = st.tuples(st.integers(-1, 40), st.integers(-1, 40))
+
+
 @st.composite
 def _ring_layouts(draw: st.DrawFn) -> tuple[int, Case]:
-    """A ring size and a padded batch for it: 1-4 documents of 0 to 7 chunks' worth of tokens,
+    """A ring size 2-4 and a batch for it (:func:`_batches`)."""
+    cp = draw(st.sampled_from([2, 3, 4]))
+    return cp, draw(_batches(cp))
+
+
+@st.composite
+def _batches(draw: st.DrawFn, cp: int) -> Case:
+    """A padded batch for a ring of ``cp``: 1-4 documents of 0 to 7 chunks' worth of tokens,
     slots rounded up to ``2 * cp`` (sometimes one chunk pair more), capacity; self-attention
     or keys of other lengths."""
-    cp = draw(st.sampled_from([2, 3, 4]))
     m = 2 * cp
     lens = draw(st.lists(st.integers(0, 7 * m), min_size=1, max_size=4))
     extra = draw(st.lists(st.sampled_from([0, 0, m]), min_size=len(lens), max_size=len(lens)))
@@ -555,7 +564,7 @@ def _ring_layouts(draw: st.DrawFn) -> tuple[int, Case]:
     if draw(st.booleans()):  # cross attention: other key lengths and slots
         lens_kv = draw(st.lists(st.integers(0, 7 * m), min_size=len(lens), max_size=len(lens)))
         kv = (tuple(lens_kv), tuple(_round_up(n, m) + e for n, e in zip(lens_kv, extra, strict=True)))
-    return cp, Case("random", tuple(lens), slots, capacity=draw(st.sampled_from([0, m])), kv=kv)
+    return Case("random", tuple(lens), slots, capacity=draw(st.sampled_from([0, m])), kv=kv)
 
 
 @pytest.mark.property
@@ -566,7 +575,7 @@ def _ring_layouts(draw: st.DrawFn) -> tuple[int, Case]:
 )
 @given(
     ring=_ring_layouts(),
-    window=st.tuples(st.integers(-1, 40), st.integers(-1, 40)),
+    window=_WINDOWS,
     causal=st.booleans(),
     softcap=st.sampled_from([0.0, 2.0]),
     sinks=st.booleans(),
@@ -592,6 +601,44 @@ def test_random_ring_layouts_and_variants_match_reference(
     window = (window[0], min(window[1], 0)) if causal else window  # causal means right = 0
     variant = (causal, window, softcap, sinks)
     _check_threads(case, cp, variant, torch.float32, 600, "cpu", _HEADS, read_layout)
+
+
+def _random_worker(rank: int, world: int) -> None:
+    """Random batches and variants through the real ``ring_attention`` (gloo, validated path,
+    ``max_seqlen_*`` given or not). Derandomized: every rank draws the same examples; without
+    shrinking, so a failing rank ends the spawn with its example."""
+
+    @settings(
+        max_examples=40,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        case=_batches(world),
+        window=_WINDOWS,
+        causal=st.booleans(),
+        softcap=st.sampled_from([0.0, 2.0]),
+        sinks=st.booleans(),
+        seed=st.integers(0, 1),  # odd: max_seqlen_* given (see _check)
+    )
+    def run(
+        case: Case, window: tuple[int, int], causal: bool, softcap: float, sinks: bool, seed: int
+    ) -> None:
+        assume(sum(case.lens) > 0)
+        assume(not (causal and case.kv is not None))
+        window = (window[0], min(window[1], 0)) if causal else window
+        _check(case, world, rank, (causal, window, softcap, sinks), torch.float32, seed)
+
+    run()
+
+
+@pytest.mark.distributed
+@pytest.mark.property
+def test_random_batches_through_ring_attention_gloo() -> None:
+    spawn(_random_worker, 2, timeout_s=240)
 
 
 _GPU_VARIANTS = [
