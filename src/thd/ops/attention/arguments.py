@@ -35,11 +35,6 @@ def _finite_real(fn: str, name: str, value: object) -> float:
     return float(value)
 
 
-# cu_seqlens are int32: no sequence has 2**31 - 1 keys, so a window side that large bounds
-# nothing and is stored as -1 (the kernels take window sides as int32).
-_UNBOUNDING_SIDE = 2**31 - 1
-
-
 def _window(fn: str, window_size: object, causal: bool) -> tuple[int, int]:
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise ThdTypeError(f"{fn}: window_size: expected a (left, right) pair of ints, got {window_size!r}")
@@ -56,7 +51,9 @@ def _window(fn: str, window_size: object, causal: bool) -> tuple[int, int]:
         raise ThdValueError(
             f"{fn}: window_size right: causal=True means right = 0, got window_size={tuple(sides)}"
         )
-    left, right = (-1 if side >= _UNBOUNDING_SIDE else side for side in sides)
+    # No sequence is longer than MAX_SEQLEN_LIMIT, so a side that large bounds nothing: stored as
+    # -1 (the kernels take window sides as int32).
+    left, right = (-1 if side >= MAX_SEQLEN_LIMIT else side for side in sides)
     return left, right
 
 
@@ -78,8 +75,8 @@ def resolve_options(
         if (
             type(left) is int
             and type(right) is int
-            and -1 <= left < _UNBOUNDING_SIDE
-            and -1 <= right < _UNBOUNDING_SIDE
+            and -1 <= left < MAX_SEQLEN_LIMIT
+            and -1 <= right < MAX_SEQLEN_LIMIT
             and (scale is None or (type(scale) is float and -MAX_FLOAT32 <= scale <= MAX_FLOAT32))
             and (type(softcap) is float or type(softcap) is int)
             and 0 <= softcap <= MAX_FLOAT32

@@ -32,8 +32,9 @@ __all__ = [
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_HEAD_DIM = 256
 MAX_SEQLEN_LIMIT = 2**31 - 1
-MAX_FLOAT32 = torch.finfo(torch.float32).max  # scale and softcap reach the kernels as float32
 """Largest ``max_seqlen_*`` accepted: row indices are int32 in the kernels."""
+MAX_FLOAT32 = torch.finfo(torch.float32).max
+"""Largest ``|softmax_scale|`` and ``softcap``: they reach the kernels as float32."""
 
 
 def check_max_seqlen(fn: str, name: str, value: object) -> int | None:
