@@ -1,11 +1,15 @@
-"""Rename and retag a wheel zip-to-zip: no unpacking, no recompression of unchanged members.
+"""Rename and retag a wheel zip-to-zip in one streaming pass: no unpacking, no recompression.
 
-Every path is derived from ``canonicalize_name(name)`` and ``str(Version)``. The input passes
-the same full verification as ``verify`` (strict zip structure, every member inflated to its
-size and CRC and checked against RECORD, METADATA and WHEEL included) before anything is
-written; only the WHEEL tag checks are waived, since the repack rewrites them. The output is
-written to a temporary file next to the target, verified in full, and only then moved into
-place with :func:`os.replace`. An identical existing target is left as is.
+Every path is derived from ``canonicalize_name(name)`` and ``str(Version)``. The input gets
+exactly the checks of ``verify`` (:class:`release.verify.WheelChecker`), so a repack refuses
+whatever ``verify`` rejects: the checks that need no member data run before anything is
+written; then each member is read, inflated and hashed once while its compressed bytes are
+copied to a temporary file next to the target. A member that fails stops the writing (the
+remaining ones are still checked, so every issue is reported) and the temporary file is
+removed. The output is verified from what the pass already knows (its headers parsed again
+with every strict rule, RECORD against the digests just computed), then moved into place with
+:func:`os.replace`. An identical existing target is left as is. Memory stays bounded: members
+are streamed in 1 MiB chunks; only METADATA, WHEEL and RECORD are held whole.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag
@@ -26,7 +30,7 @@ from packaging.tags import Tag
 from release.errors import Issue, RepackError, WheelVerificationError
 from release.metadata import add_headers, render_wheel_file, replace_header
 from release.record import Hash, RecordEntry, serialize_record
-from release.verify import Limits, WheelReport, inspect_wheel, verify_wheel
+from release.verify import Limits, WheelChecker, WheelReport, verify_written
 from release.wheelname import (
     compress_tags,
     dist_info_dir,
@@ -36,12 +40,10 @@ from release.wheelname import (
     validate_project_name,
 )
 from release.zipio import ZipWriter, dos_date_time, normalized_mode
-from release.zipread import ZipArchive, ZipFormatError
+from release.zipread import ZipArchive
 
 __all__ = ["RepackResult", "find_extension_modules", "repack_wheel", "source_date_epoch"]
 
-# Input issues that a repack repairs by construction (it rewrites the WHEEL tags).
-_REPAIRABLE = frozenset({"tag-mismatch", "unexpanded-tag"})
 _EXT_RE = re.compile(r"\.(cpython-[^/]*|abi3|pypy[^/]*)\.(so|pyd|dylib)$|\.pyd$")
 
 Progress = Callable[[int, int], None]
@@ -104,11 +106,15 @@ def repack_wheel(
     allow_extension_retag: bool = False,
     overwrite: bool = False,
     dry_run: bool = False,
+    release: bool = False,
     epoch: int | None = None,
     limits: Limits | None = None,
     progress: Progress | None = None,
 ) -> RepackResult:
-    """Write ``wheel`` renamed to ``name`` and tagged ``tags``; see the module docstring."""
+    """Write ``wheel`` renamed to ``name`` and tagged ``tags``; see the module docstring.
+
+    ``release`` applies the release rules (no local version) to the input and the output.
+    """
     src = Path(wheel)
     try:
         validate_project_name(name)
@@ -119,15 +125,55 @@ def repack_wheel(
         raise RepackError("usage", f"repack: {exc}") from exc
     if epoch is None:
         epoch = source_date_epoch()
-    report, issues = inspect_wheel(src, limits=limits)
-    blocking = [i for i in issues if i.code not in _REPAIRABLE]
-    if blocking:
-        raise WheelVerificationError(f"{src.name}: input wheel is not valid, nothing written", blocking)
+    checker = WheelChecker(src, release=release, limits=limits)
+    archive = checker.open()
+    if archive is None:
+        _refuse(src, checker)
+    with archive:
+        checker.check_static(archive)
+        if checker.issues:
+            checker.check_all_members(archive)  # so the refusal lists every issue verify reports
+            _refuse(src, checker)
+        return _repack(
+            archive,
+            checker,
+            _Target(name, tagset, reqs, outdir, allow_extension_retag, overwrite, dry_run, release, epoch),
+            limits,
+            progress,
+        )
+
+
+def _refuse(src: Path, checker: WheelChecker) -> NoReturn:
+    raise WheelVerificationError(f"{src.name}: input wheel is not valid, nothing written", checker.issues)
+
+
+@dataclass(frozen=True)
+class _Target:
+    name: str
+    tagset: frozenset[Tag]
+    requires: list[str]
+    outdir: str | Path | None
+    allow_extension_retag: bool
+    overwrite: bool
+    dry_run: bool
+    release: bool
+    epoch: int | None
+
+
+def _repack(
+    archive: ZipArchive,
+    checker: WheelChecker,
+    to: _Target,
+    limits: Limits | None,
+    progress: Progress | None,
+) -> RepackResult:
+    report, src = checker.report, checker.path
+    name, tagset, epoch = to.name, to.tagset, to.epoch
     wn = parse_wheel_name(src.name)
     old_di, old_data = report.dist_info, wn.data_dir
     new_di = dist_info_dir(name, wn.version)
     new_data = dist_info_dir(name, wn.version, "data")
-    if any(t.abi == "none" for t in tagset) and not allow_extension_retag:
+    if any(t.abi == "none" for t in tagset) and not to.allow_extension_retag:
         exts = find_extension_modules(report.files)
         if exts:
             raise RepackError(
@@ -136,7 +182,7 @@ def repack_wheel(
                 f"extension module(s) {exts[:5]}; pass --allow-extension-retag to override",
             )
     out_name = format_wheel_name(name, wn.version, wn.build, tagset)
-    out_dir = Path(outdir) if outdir is not None else src.parent
+    out_dir = Path(to.outdir) if to.outdir is not None else src.parent
     target = out_dir / out_name
     members = [m for m in report.files if m != f"{old_di}/RECORD"]
     renamed = {m: _rename(m, old_di, new_di, old_data, new_data) for m in members}
@@ -147,16 +193,18 @@ def repack_wheel(
         "data": [old_data, new_data] if any(m.startswith(old_data + "/") for m in members) else None,
         "tags": sorted(str(t) for t in tagset),
         "build": wn.raw_build,
-        "requires_added": reqs,
+        "requires_added": to.requires,
         "members": len(members) + 1,
         "renamed_members": sum(1 for m in members if renamed[m] != m),
         "rewritten": [f"{new_di}/METADATA", f"{new_di}/WHEEL", f"{new_di}/RECORD"],
         "source_date_epoch": epoch,
     }
-    warnings = [i for i in issues if i.code in _REPAIRABLE] + report.warnings
-    if dry_run:
-        return RepackResult(src, target, False, plan, None, warnings)
-    job = _Job(report, order, renamed, name, tagset, wn.raw_build, reqs, epoch, progress)
+    job = _Job(checker, order, renamed, name, tagset, wn.raw_build, to.requires, epoch, progress)
+    if to.dry_run:  # the same one pass, writing nothing
+        _write(archive, None, job)
+        if checker.issues:
+            _refuse(src, checker)
+        return RepackResult(src, target, False, plan, None, report.warnings)
     created: list[Path] = []
     tmp: Path | None = None
     done = False
@@ -164,18 +212,20 @@ def repack_wheel(
         created = _make_dirs(out_dir)
         fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{out_name}.", suffix=".tmp")
         tmp = Path(tmp_name)
-        max_entries = (limits or Limits()).max_members
-        with os.fdopen(fd, "wb") as out, ZipArchive.open(src, max_entries=max_entries) as archive:
-            _write(archive, out, job)
+        with os.fdopen(fd, "wb") as out:
+            facts = _write(archive, out, job)
             out.flush()
             os.fsync(out.fileno())
+        if checker.issues:
+            _refuse(src, checker)
+        assert facts is not None
         tmp.chmod(0o666 & ~_umask())
-        out_report = verify_wheel(tmp, filename=out_name, limits=limits)
+        out_report = verify_written(
+            tmp, filename=out_name, texts=facts[0], written=facts[1], release=to.release, limits=limits
+        )
         out_report.path = target
-        written = _publish(tmp, target, src, overwrite)
+        written = _publish(tmp, target, src, to.overwrite)
         done = True
-    except ZipFormatError as exc:  # the input changed after it was verified
-        raise RepackError(exc.code, f"{src.name}: {exc.code}: {exc}; nothing written") from exc
     except OSError as exc:
         raise RepackError("io-error", f"{target}: cannot write the output: {exc}") from exc
     finally:
@@ -184,12 +234,12 @@ def repack_wheel(
                 tmp.unlink()
         if not done:
             _remove_empty(created)
-    return RepackResult(src, target, written, plan, out_report, warnings)
+    return RepackResult(src, target, written, plan, out_report, report.warnings)
 
 
 @dataclass
 class _Job:
-    report: WheelReport
+    checker: WheelChecker
     order: list[str]
     renamed: dict[str, str]
     name: str
@@ -207,43 +257,65 @@ def _edit(member: str, data: bytes, job: _Job) -> bytes:
         return render_wheel_file(data, job.tagset, job.build)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RepackError(
-            "metadata-invalid", f"{job.report.path.name}: {member}: cannot edit: {exc}"
+            "metadata-invalid", f"{job.checker.path.name}: {member}: cannot edit: {exc}"
         ) from exc
 
 
-def _write(archive: ZipArchive, out: BinaryIO, job: _Job) -> None:
-    """Copy the verified members; the new RECORD takes their digests from the verification."""
-    report, order, renamed, epoch, progress = job.report, job.order, job.renamed, job.epoch, job.progress
+Facts = tuple[dict[str, bytes], dict[str, tuple[int, int, int, str]]]
+
+
+def _write(archive: ZipArchive, out: BinaryIO | None, job: _Job) -> Facts | None:
+    """The one pass: check each member while copying it (``out=None``: check only).
+
+    Returns what was written (members written from memory; name -> CRC, sizes, sha256), or
+    ``None`` once a member failed (the checker holds the issues; writing stopped there).
+    """
+    checker, order, renamed, epoch, progress = job.checker, job.order, job.renamed, job.epoch, job.progress
     entries = {e.name: e for e in archive.entries if not e.is_dir}
-    old_di = report.dist_info
-    new_di = renamed.get(f"{old_di}/METADATA", "").rsplit("/", 1)[0]
-    writer = ZipWriter(out)
+    old_di = checker.report.dist_info
+    new_di = renamed[f"{old_di}/METADATA"].rsplit("/", 1)[0]
+    writer = ZipWriter(out) if out is not None else None
     rows: list[RecordEntry] = []
+    texts: dict[str, bytes] = {}
+    written: dict[str, tuple[int, int, int, str]] = {}
     total = sum(entries[m].usize for m in order) or 1
     done = 0
     for member in order:
         entry = entries[member]
         new = renamed[member]
         dt = dos_date_time(epoch, entry.date_time)
-        sha256 = report.sha256[member]
         if member in (f"{old_di}/METADATA", f"{old_di}/WHEEL"):
-            data = archive.read(entry, entry.usize)
-            if Hash.of_bytes(data).value != sha256:
-                raise ZipFormatError("bad-zip", member, "content changed after it was verified")
-            data = _edit(member, data, job)
-            writer.add_bytes(new, data, 0o644, dt)
-            rows.append(RecordEntry(new, Hash.of_bytes(data), len(data)))
-        else:  # a changed input is caught when the output is verified against these digests
-            writer.add_raw(entry, new, archive.iter_raw(entry), normalized_mode(entry.external_attr), dt)
-            rows.append(RecordEntry(new, Hash("sha256", sha256), entry.usize))
+            if checker.check_member(archive, entry):  # read whole by the static checks
+                data = _edit(member, checker.texts[member], job)
+                texts[new] = data
+                rows.append(RecordEntry(new, Hash.of_bytes(data), len(data)))
+                if writer is not None and not checker.issues:
+                    writer.add_bytes(new, data, 0o644, dt)
+        else:
+            sink = None
+            if writer is not None and not checker.issues:
+                sink = writer.start_raw(entry, new, normalized_mode(entry.external_attr), dt)
+            if checker.check_member(archive, entry, sink):
+                sha256 = checker.report.sha256[member]
+                rows.append(RecordEntry(new, Hash("sha256", sha256), entry.usize))
+                written[new] = (entry.crc, entry.csize, entry.usize, sha256)
+                if sink is not None:
+                    sink.done()
         done += entry.usize
         if progress:
             progress(done, total)
+    if writer is None or checker.issues:
+        return None
     record_name = f"{new_di}/RECORD"
     rows.append(RecordEntry(record_name, None, None))
-    record_entry = entries[f"{old_di}/RECORD"]
-    writer.add_bytes(record_name, serialize_record(rows), 0o644, dos_date_time(epoch, record_entry.date_time))
+    record = serialize_record(rows)
+    texts[record_name] = record
+    writer.add_bytes(record_name, record, 0o644, dos_date_time(epoch, entries[f"{old_di}/RECORD"].date_time))
+    for m in writer.members:
+        if m.name in texts:
+            written[m.name] = (m.crc, m.csize, m.usize, Hash.of_bytes(texts[m.name]).value)
     writer.close()
+    return texts, written
 
 
 def _make_dirs(path: Path) -> list[Path]:

@@ -5,6 +5,12 @@ trusted after it); file name grammar; one ``.dist-info`` named like the file; ME
 and ``Version``; WHEEL ``Wheel-Version``, ``Root-Is-Purelib``, expanded ``Tag`` lines,
 ``Build``; RECORD (strictly parsed, every file once, sha256 or stronger, sizes, hashes of the
 data inflated to its exact size and CRC); path safety; size and ratio limits.
+
+:class:`WheelChecker` runs them in two phases: :meth:`~WheelChecker.check_static` (everything but
+the member hashes; METADATA, WHEEL and RECORD are read whole and kept) and
+:meth:`~WheelChecker.check_member` per member. ``verify`` runs both; ``repack`` runs the same
+two on its input, checking each member while it copies it (one pass), so it refuses exactly
+what ``verify`` rejects.
 """
 
 from __future__ import annotations
@@ -13,9 +19,13 @@ import hashlib
 import os
 import re
 import stat
-from concurrent.futures import ThreadPoolExecutor
+import zlib
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 from packaging.tags import Tag
 from packaging.utils import canonicalize_name
@@ -26,11 +36,23 @@ from release.metadata import get_all, get_first
 from release.record import STRONG_ALGORITHMS, Hash, RecordEntry, RecordParseError, parse_record
 from release.safety import Limits, check_path
 from release.wheelname import WheelName, format_build_tag, parse_wheel_name
-from release.zipread import ZipArchive, ZipEntry, ZipFormatError
+from release.zipread import DataCheck, ZipArchive, ZipEntry, ZipFormatError
 
-__all__ = ["Limits", "WheelReport", "check_path", "inspect_wheel", "verify_wheel"]
+__all__ = [
+    "Limits",
+    "WheelChecker",
+    "WheelReport",
+    "check_path",
+    "inspect_wheel",
+    "verify_wheel",
+    "verify_written",
+]
 
 _PARALLEL_MIN = 64 << 20  # hash in threads above this many uncompressed bytes
+_PIPELINE_MIN = 8 << 20  # members this large are hashed in a helper thread while they inflate
+_PIPELINE_DEPTH = 8  # inflated pieces (of at most 1 MiB) waiting for the helper thread
+Issue3 = tuple[str, str, str]
+Sink = Callable[[bytes], None]
 _MAX_TEXT = 64 << 20  # METADATA, WHEEL and RECORD are read whole; larger ones are refused
 
 
@@ -66,17 +88,26 @@ class WheelReport:
         }
 
 
-class _Checker:
+class WheelChecker:
+    """Every check of one wheel, collecting issues; see the module docstring for the phases."""
+
     def __init__(
-        self, path: Path, release: bool, check_hashes: bool, limits: Limits, filename: str | None
+        self,
+        path: str | Path,
+        *,
+        release: bool = False,
+        limits: Limits | None = None,
+        filename: str | None = None,
     ) -> None:
-        self.path = path
-        self.art = filename or path.name
+        self.path = Path(path)
+        self.art = filename or self.path.name
         self.release = release
-        self.check_hashes = check_hashes
-        self.limits = limits
+        self.limits = limits or Limits()
         self.issues: list[Issue] = []
-        self.report = WheelReport(path=path)
+        self.report = WheelReport(path=self.path)
+        self.texts: dict[str, bytes] = {}  # members read whole (METADATA, WHEEL, RECORD, directories)
+        self.expected: dict[str, Hash] = {}  # member -> its RECORD hash, to be checked
+        self._name: WheelName | None = None
 
     def err(self, code: str, where: str, detail: str) -> None:
         self.issues.append(Issue(code, self.art, where, detail))
@@ -84,18 +115,70 @@ class _Checker:
     def warn(self, code: str, where: str, detail: str) -> None:
         self.report.warnings.append(Issue(code, self.art, where, detail))
 
-    def run(self) -> None:
-        wn = self.check_filename()
-        try:
-            archive = ZipArchive.open(self.path, max_entries=self.limits.max_members)
-        except ZipFormatError as exc:
-            self.err(exc.code, exc.where, exc.detail)
-            return
-        except OSError as exc:
-            self.err("bad-zip", "archive", f"expected a readable zip file, got {exc}")
+    def run(self, check_hashes: bool = True) -> None:
+        archive = self.open()
+        if archive is None:
             return
         with archive:
-            self.check_archive(archive, wn)
+            self.check_static(archive)
+            if check_hashes:
+                self.check_all_members(archive)
+
+    def open(self) -> ZipArchive | None:
+        """Check the file name and parse the archive; ``None`` after reporting why it cannot be."""
+        self._name = self.check_filename()
+        try:
+            return ZipArchive.open(self.path, max_entries=self.limits.max_members)
+        except ZipFormatError as exc:
+            self.err(exc.code, exc.where, exc.detail)
+        except FileNotFoundError:
+            self.err("no-such-file", str(self.path), "expected a wheel file, got no such file")
+        except IsADirectoryError:
+            self.err("no-such-file", str(self.path), "expected a wheel file, got a directory")
+        except OSError as exc:
+            self.err("bad-zip", "archive", f"expected a readable zip file, got {exc}")
+        return None
+
+    def check_static(self, archive: ZipArchive) -> None:
+        """Every check but the member hashes, which :attr:`expected` then lists."""
+        self.check_archive(archive, self._name)
+
+    def check_all_members(self, archive: ZipArchive) -> None:
+        """Hash every member RECORD lists, in threads for large archives (zlib, hashlib release the GIL)."""
+        entries = {e.name: e for e in archive.entries}
+        items = [entries[name] for name in self.expected]
+        total = sum(entry.usize for entry in items)
+        workers = min(4, os.cpu_count() or 1)
+        if total < _PARALLEL_MIN or workers < 2:
+            found = [self.member_result(archive, entry) for entry in items]
+        else:
+            with ThreadPoolExecutor(workers) as pool:
+                found = list(pool.map(lambda entry: self.member_result(archive, entry), items))
+        for entry, result in zip(items, found, strict=True):
+            self.record_member(entry, result)
+
+    def check_member(self, archive: ZipArchive, entry: ZipEntry, sink: Sink | None = None) -> bool:
+        """Check one member against RECORD (its raw chunks also go to ``sink``); True when it passed."""
+        return self.record_member(entry, self.member_result(archive, entry, sink))
+
+    def member_result(
+        self, archive: ZipArchive, entry: ZipEntry, sink: Sink | None = None
+    ) -> tuple[Issue3 | None, str]:
+        expected = self.expected[entry.name]
+        text = self.texts.get(entry.name)
+        if text is not None and sink is None:  # already inflated and checked when it was read
+            digest = hashlib.new(expected.name, text)
+            sha256 = digest if expected.name == "sha256" else hashlib.sha256(text)
+            return _compare(entry, expected, digest, sha256)
+        return _hash_member(archive, entry, expected, sink)
+
+    def record_member(self, entry: ZipEntry, result: tuple[Issue3 | None, str]) -> bool:
+        issue, sha256 = result
+        if issue:
+            self.err(*issue)
+            return False
+        self.report.sha256[entry.name] = sha256
+        return True
 
     def check_archive(self, archive: ZipArchive, wn: WheelName | None) -> None:
         self.check_members(archive.entries)
@@ -121,12 +204,16 @@ class _Checker:
             self.check_record(archive, files, record_name)
 
     def read_text(self, archive: ZipArchive, entry: ZipEntry) -> bytes | None:
-        """A checked member read whole, or ``None`` after reporting why it cannot be."""
+        """A checked member read whole (kept in :attr:`texts`), or ``None`` after reporting why not."""
+        if entry.name in self.texts:
+            return self.texts[entry.name]
         try:
-            return archive.read(entry, _MAX_TEXT)
+            data = archive.read(entry, _MAX_TEXT)
         except ZipFormatError as exc:
             self.err(exc.code, exc.where, exc.detail)
             return None
+        self.texts[entry.name] = data
+        return data
 
     def check_filename(self) -> WheelName | None:
         try:
@@ -355,7 +442,6 @@ class _Checker:
             self.warn("record-self", record_name, "expected a 'RECORD,,' row, got none")
         elif own.hash is not None or own.size is not None:
             self.err("record-self", record_name, f"expected empty hash and size, got {own.to_row()}")
-        to_hash: list[tuple[ZipEntry, Hash]] = []
         for name, info in files.items():
             if name == record_name:
                 continue
@@ -373,39 +459,71 @@ class _Checker:
                 self.err("record-size", name, f"expected a size in RECORD, got none ({info.usize} bytes)")
             elif entry.size != info.usize:
                 self.err("record-size", name, f"expected {entry.size} bytes (RECORD), got {info.usize}")
-            if self.check_hashes:
-                to_hash.append((info, entry.hash))
-        self._check_hashes(archive, to_hash)
+            self.expected[name] = entry.hash
 
-    def _check_hashes(self, archive: ZipArchive, items: list[tuple[ZipEntry, Hash]]) -> None:
-        """Hash members, in threads for large archives (hashlib and zlib release the GIL)."""
-        total = sum(entry.usize for entry, _ in items)
-        workers = min(4, os.cpu_count() or 1)
-        if total < _PARALLEL_MIN or workers < 2:
-            found = [_hash_member(archive, entry, expected) for entry, expected in items]
-        else:
-            with ThreadPoolExecutor(workers) as pool:
-                found = list(pool.map(lambda item: _hash_member(archive, *item), items))
-        for (entry, _), (issue, sha256) in zip(items, found, strict=True):
-            if issue:
-                self.err(*issue)
-            else:
-                self.report.sha256[entry.name] = sha256
+
+class _Pipeline:
+    """Run ``fn`` on each piece, in order, in one helper thread (at most a few pieces queued)."""
+
+    def __init__(self, fn: Sink, threaded: bool) -> None:
+        self._fn = fn
+        self._pool = ThreadPoolExecutor(1) if threaded else None
+        self._queued: deque[Future[None]] = deque()
+
+    def __call__(self, piece: bytes) -> None:
+        if self._pool is None:
+            self._fn(piece)
+            return
+        self._queued.append(self._pool.submit(self._fn, piece))
+        if len(self._queued) > _PIPELINE_DEPTH:
+            self._queued.popleft().result()
+
+    def __enter__(self) -> _Pipeline:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        if self._pool is not None:
+            while self._queued:
+                self._queued.popleft().result()
+            self._pool.shutdown()
 
 
 def _hash_member(
-    archive: ZipArchive, entry: ZipEntry, expected: Hash
-) -> tuple[tuple[str, str, str] | None, str]:
-    """``((code, member, detail) or None, sha256)``: the member's checked data against RECORD."""
+    archive: ZipArchive, entry: ZipEntry, expected: Hash, sink: Sink | None = None
+) -> tuple[Issue3 | None, str]:
+    """``((code, member, detail) or None, sha256)``: the member's checked data against RECORD.
+
+    One read of the compressed bytes (each chunk also handed to ``sink``), one inflate, one hash;
+    CRC and hashes of a large member are computed in a helper thread while the next chunk inflates.
+    """
     digest = hashlib.new(expected.name)
     sha = digest if expected.name == "sha256" else hashlib.sha256()
+    check = DataCheck(entry)
+    crc = 0
+
+    def update(piece: bytes) -> None:
+        nonlocal crc
+        crc = zlib.crc32(piece, crc)
+        digest.update(piece)
+        if sha is not digest:
+            sha.update(piece)
+
     try:
-        for chunk in archive.iter_data(entry):
-            digest.update(chunk)
-            if sha is not digest:
-                sha.update(chunk)
+        with _Pipeline(update, threaded=entry.usize >= _PIPELINE_MIN) as feed:
+            for raw in archive.iter_raw(entry):
+                if sink is not None:
+                    sink(raw)
+                for piece in check.inflate(raw):
+                    feed(piece)
+        check.end(crc)
     except ZipFormatError as exc:
         return (exc.code, exc.where, exc.detail), ""
+    return _compare(entry, expected, digest, sha)
+
+
+def _compare(
+    entry: ZipEntry, expected: Hash, digest: hashlib._Hash, sha: hashlib._Hash
+) -> tuple[Issue3 | None, str]:
     actual = Hash.of_digest(expected.name, digest.digest())
     if actual != expected:
         return ("record-hash", entry.name, f"expected {expected} (RECORD), got {actual}"), ""
@@ -424,9 +542,50 @@ def inspect_wheel(
 
     ``filename`` checks a file (for example a temporary one) as if it had that name.
     """
-    checker = _Checker(Path(path), release, check_hashes, limits or Limits(), filename)
-    checker.run()
+    checker = WheelChecker(path, release=release, limits=limits, filename=filename)
+    checker.run(check_hashes)
     return checker.report, checker.issues
+
+
+def verify_written(
+    path: str | Path,
+    *,
+    filename: str,
+    texts: Mapping[str, bytes],
+    written: Mapping[str, tuple[int, int, int, str]],
+    release: bool = False,
+    limits: Limits | None = None,
+) -> WheelReport:
+    """Check a wheel this tool just wrote, from what it knows instead of reading the data again.
+
+    The archive structure is parsed from the file (headers only, with every strict rule) and must
+    list exactly the ``written`` members (name -> CRC, compressed size, size, sha256 of the data
+    that was checked while it was copied); ``texts`` are the members written from memory. Then
+    every check of :func:`verify_wheel` runs, RECORD against those digests.
+    """
+    checker = WheelChecker(path, release=release, limits=limits, filename=filename)
+    checker.texts.update(texts)
+    archive = checker.open()
+    if archive is not None:
+        with archive:
+            checker.check_static(archive)
+            entries = {e.name: e for e in archive.entries}
+            if sorted(entries) != sorted(written):
+                checker.err("structure", "archive", f"expected the members written, got {sorted(entries)}")
+            for name, expected in checker.expected.items():
+                entry = entries[name]
+                crc, csize, usize, sha256 = written.get(name, (-1, -1, -1, ""))
+                if (entry.crc, entry.csize, entry.usize) != (crc, csize, usize):
+                    checker.err("bad-zip", name, "expected the CRC and sizes that were written")
+                elif name in texts:
+                    checker.record_member(entry, checker.member_result(archive, entry))
+                elif expected != Hash("sha256", sha256):
+                    checker.err("record-hash", name, f"expected {expected} (RECORD), got sha256={sha256}")
+                else:
+                    checker.report.sha256[name] = sha256
+    if checker.issues:
+        raise WheelVerificationError(f"{filename}: {len(checker.issues)} issue(s) found", checker.issues)
+    return checker.report
 
 
 def verify_wheel(

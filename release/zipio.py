@@ -10,7 +10,6 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -19,6 +18,7 @@ from release.ziprecords import DEFLATED, STORED
 
 __all__ = [
     "RawMember",
+    "RawSink",
     "ZipWriter",
     "dos_date_time",
     "normalized_mode",
@@ -72,6 +72,23 @@ class RawMember:
     offset: int
 
 
+class RawSink:
+    """Where the compressed bytes of one copied member go; :meth:`done` checks their count."""
+
+    def __init__(self, fp: BinaryIO, entry: ZipEntry) -> None:
+        self._fp = fp
+        self._entry = entry
+        self.written = 0
+
+    def __call__(self, chunk: bytes) -> None:
+        self._fp.write(chunk)
+        self.written += len(chunk)
+
+    def done(self) -> None:
+        if self.written != self._entry.csize:
+            raise ValueError(f"{self._entry.name}: copied {self.written} bytes, expected {self._entry.csize}")
+
+
 class ZipWriter:
     """Append-only zip writer over a binary file object; call :meth:`close` to finish."""
 
@@ -79,6 +96,11 @@ class ZipWriter:
         self._fp = fp
         self._members: list[RawMember] = []
         self._names: set[str] = set()
+
+    @property
+    def members(self) -> list[RawMember]:
+        """What was written so far, in order."""
+        return list(self._members)
 
     def _start(
         self, name: str, method: int, crc: int, csize: int, usize: int, mode: int, date_time: tuple[int, ...]
@@ -111,19 +133,15 @@ class ZipWriter:
             + extra
         )
 
-    def add_raw(
-        self, entry: ZipEntry, name: str, chunks: Iterable[bytes], mode: int, date_time: tuple[int, ...]
-    ) -> None:
-        """Copy a checked member's compressed bytes unchanged under a (possibly new) name."""
+    def start_raw(self, entry: ZipEntry, name: str, mode: int, date_time: tuple[int, ...]) -> RawSink:
+        """Start copying a checked member's compressed bytes unchanged under a (possibly new) name.
+
+        Write the bytes through the returned sink, then call its :meth:`RawSink.done`.
+        """
         if entry.method not in (STORED, DEFLATED):
             raise ValueError(f"{entry.name}: unsupported compression method {entry.method}")
         self._start(name, entry.method, entry.crc, entry.csize, entry.usize, mode, date_time)
-        written = 0
-        for chunk in chunks:
-            self._fp.write(chunk)
-            written += len(chunk)
-        if written != entry.csize:
-            raise ValueError(f"{entry.name}: copied {written} bytes, expected {entry.csize}")
+        return RawSink(self._fp, entry)
 
     def add_bytes(self, name: str, data: bytes, mode: int, date_time: tuple[int, ...]) -> None:
         """Add an in-memory member, deflated at level 6 (stored if that is not smaller)."""

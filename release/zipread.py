@@ -8,8 +8,8 @@
   overlaps), and each repeats its central entry: name bytes, flags, method, CRC and sizes.
 * Stored or deflate only; no encryption, data descriptors or patched data; names are checked on
   their raw bytes (:mod:`release.ziprecords`); directory entries declare no data.
-* Member data is handed out only through :meth:`ZipArchive.iter_data`, which inflates it to
-  exactly its size and checks its CRC (and that the deflate stream fills the member exactly).
+* Member data is inflated only through :class:`DataCheck` (:meth:`ZipArchive.iter_data` uses it),
+  which checks its exact size, its CRC and that the deflate stream fills the member exactly.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from release.ziprecords import (
     resolve_zip64,
 )
 
-__all__ = ["CHUNK", "ZipArchive", "ZipEntry", "ZipFormatError"]
+__all__ = ["CHUNK", "DataCheck", "ZipArchive", "ZipEntry", "ZipFormatError"]
 
 CHUNK = 1 << 20
 _UTF8 = 0x0800
@@ -127,42 +127,66 @@ class ZipArchive:
 
     def iter_data(self, entry: ZipEntry) -> Iterator[bytes]:
         """The member's bytes; raises at the end unless size, CRC and stream end all match."""
-        inflater = zlib.decompressobj(-15) if entry.method == DEFLATED else None
-        size = crc = 0
-        try:
-            for raw in self.iter_raw(entry):
-                if inflater is not None and inflater.eof:
-                    raise ZipFormatError("bad-zip", entry.name, "expected no data after the deflate stream")
-                for piece in (raw,) if inflater is None else _inflate(inflater, raw):
-                    size += len(piece)
-                    if size > entry.usize:
-                        raise ZipFormatError(
-                            "bad-zip", entry.name, f"expected {entry.usize} bytes, the data holds more"
-                        )
-                    crc = zlib.crc32(piece, crc)
-                    yield piece
-                if inflater is not None and inflater.unused_data:
-                    raise ZipFormatError(
-                        "bad-zip",
-                        entry.name,
-                        f"expected no data after the deflate stream, got {len(inflater.unused_data)} bytes",
-                    )
-        except zlib.error as exc:
-            raise ZipFormatError("bad-zip", entry.name, f"expected deflate data, got {exc}") from None
-        if inflater is not None and not inflater.eof:
-            raise ZipFormatError(
-                "bad-zip", entry.name, "expected a complete deflate stream, it ends early (size too small?)"
-            )
-        if size != entry.usize:
-            raise ZipFormatError("bad-zip", entry.name, f"expected {entry.usize} bytes, got {size}")
-        if crc != entry.crc:
-            raise ZipFormatError("bad-zip", entry.name, f"expected CRC {entry.crc:08x}, got {crc:08x}")
+        check = DataCheck(entry)
+        crc = 0
+        for raw in self.iter_raw(entry):
+            for piece in check.inflate(raw):
+                crc = zlib.crc32(piece, crc)
+                yield piece
+        check.end(crc)
 
     def read(self, entry: ZipEntry, limit: int) -> bytes:
         """The whole member (checked like :meth:`iter_data`), at most ``limit`` bytes."""
         if entry.usize > limit:
             raise ZipFormatError("too-large", entry.name, f"expected <= {limit} bytes, got {entry.usize}")
         return b"".join(self.iter_data(entry))
+
+
+class DataCheck:
+    """Inflate one member's compressed chunks as they arrive; :meth:`end` checks what they held.
+
+    The one rule for member data (``verify`` and ``repack`` alike): it inflates to exactly the
+    declared size, the deflate stream fills the compressed bytes exactly, and the CRC matches.
+    """
+
+    def __init__(self, entry: ZipEntry) -> None:
+        self.entry = entry
+        self.size = 0
+        self._inflater = zlib.decompressobj(-15) if entry.method == DEFLATED else None
+
+    def inflate(self, raw: bytes) -> Iterator[bytes]:
+        """The data in ``raw`` (the next compressed chunk), in pieces of at most :data:`CHUNK`."""
+        name, inflater = self.entry.name, self._inflater
+        try:
+            if inflater is not None and inflater.eof:
+                raise ZipFormatError("bad-zip", name, "expected no data after the deflate stream")
+            for piece in (raw,) if inflater is None else _inflate(inflater, raw):
+                self.size += len(piece)
+                if self.size > self.entry.usize:
+                    raise ZipFormatError(
+                        "bad-zip", name, f"expected {self.entry.usize} bytes, the data holds more"
+                    )
+                yield piece
+            if inflater is not None and inflater.unused_data:
+                raise ZipFormatError(
+                    "bad-zip",
+                    name,
+                    f"expected no data after the deflate stream, got {len(inflater.unused_data)} bytes",
+                )
+        except zlib.error as exc:
+            raise ZipFormatError("bad-zip", name, f"expected deflate data, got {exc}") from None
+
+    def end(self, crc: int) -> None:
+        """After the last chunk: the stream is complete, the size exact and ``crc`` the declared one."""
+        name = self.entry.name
+        if self._inflater is not None and not self._inflater.eof:
+            raise ZipFormatError(
+                "bad-zip", name, "expected a complete deflate stream, it ends early (size too small?)"
+            )
+        if self.size != self.entry.usize:
+            raise ZipFormatError("bad-zip", name, f"expected {self.entry.usize} bytes, got {self.size}")
+        if crc != self.entry.crc:
+            raise ZipFormatError("bad-zip", name, f"expected CRC {self.entry.crc:08x}, got {crc:08x}")
 
 
 def _inflate(inflater: zlib._Decompress, raw: bytes) -> Iterator[bytes]:

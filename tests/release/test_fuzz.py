@@ -4,9 +4,11 @@ Each mutant of a few test-built wheels (deflated, stored, zip64 extras, a repack
 through both commands in-process. Asserted for every one: exit 0, or exit 1 with exactly one
 ``ERROR:`` line (an uncaught exception fails the test with its seed); the input is
 byte-identical and its directory unchanged; a refused repack leaves no output directory;
-repack accepts => verify accepts (and the converse: these wheels need no repair); every
-repack output passes ``verify``, ``zipfile.testzip``, ``installer`` (RECORD validated) and
-``unzip -t`` when it is installed.
+repack accepts exactly when verify accepts, and refuses with verify's issue codes (issue 23:
+one rule); every repack output passes ``verify``, ``zipfile.testzip``, ``installer`` (RECORD
+validated) and ``unzip -t`` when it is installed. ``test_consistent_edits`` adds mutants that
+keep the archive and RECORD consistent but edit what the file name, METADATA and WHEEL claim
+(the WHEEL Tag edited to another tag with RECORD updated to match, among them).
 
 ``RELEASE_FUZZ_MUTANTS`` (per shard of 8, default 600) and ``RELEASE_FUZZ_SEED`` scale or move it.
 """
@@ -14,6 +16,7 @@ repack output passes ``verify``, ``zipfile.testzip``, ``installer`` (RECORD vali
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import random
@@ -29,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.release import zipcraft
-from tests.release.wheelkit import assert_clean_failure, foo_members, run_cli, write_zip
+from tests.release.wheelkit import assert_clean_failure, foo_members, record_for, run_cli, write_zip
 
 pytestmark = pytest.mark.property
 
@@ -300,8 +303,8 @@ def check_mutant(data: bytes, work: Path, check_output: OutputChecks) -> tuple[i
     path = indir / NAME
     path.write_bytes(data)
     rc_v, out_v, err_v = run_cli(["verify", "--json", str(path)])
-    rc_r, _, err_r = run_cli(
-        ["repack", str(path), "--name", "foo-cu12", "--tag", TARGET, "--outdir", str(outdir)]
+    rc_r, out_r, err_r = run_cli(
+        ["repack", str(path), "--name", "foo-cu12", "--tag", TARGET, "--outdir", str(outdir), "--json"]
     )
     for rc, err in ((rc_v, err_v), (rc_r, err_r)):
         if rc:
@@ -310,16 +313,93 @@ def check_mutant(data: bytes, work: Path, check_output: OutputChecks) -> tuple[i
             assert "ERROR" not in err and "Traceback" not in err, err
     assert path.read_bytes() == data, "input modified"
     assert os.listdir(indir) == [NAME], os.listdir(indir)
+    assert (rc_r == 0) == (rc_v == 0), f"verify: {err_v}; repack: {err_r}"
     if rc_r:
         assert not outdir.exists(), list(outdir.iterdir())
+        assert _codes(out_r) == _codes(out_v), f"verify: {err_v}; repack: {err_r}"
     else:
-        codes = {i["code"] for i in json.loads(out_v).get("error", {}).get("issues", [])}
-        assert rc_v == 0 or codes <= {"tag-mismatch", "unexpanded-tag"}, f"repack accepted, verify: {err_v}"
         (wheel,) = outdir.iterdir()
         check_output(wheel)
-    assert not (rc_v == 0 and rc_r), f"verify accepted, repack refused: {err_r}"
     shutil.rmtree(work)
     return rc_v, rc_r
+
+
+def _codes(json_out: str) -> set[str]:
+    return {i["code"] for i in json.loads(json_out)["error"]["issues"]}
+
+
+def _edited(base: bytes, edit: Callable[[str, bytes], bytes]) -> bytes:
+    """``base`` with every member passed through ``edit``, RECORD regenerated to match."""
+    with zipfile.ZipFile(io.BytesIO(base)) as zf:
+        infos = zf.infolist()
+        members = [(i.filename, zf.read(i)) for i in infos]
+        method = infos[0].compress_type
+    record = next(n for n, _ in members if n.endswith(".dist-info/RECORD"))
+    members = [(n, edit(n, d)) for n, d in members if n != record]
+    members.append((record, record_for(members, record)))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", method) as zf:
+        for n, d in members:
+            zf.writestr(zipfile.ZipInfo(n, (2020, 1, 1, 0, 0, 0)), d, compress_type=method)
+    return buf.getvalue()
+
+
+def _sub(member: str, old: bytes, new: bytes) -> Callable[[str, bytes], bytes]:
+    return lambda n, d: d.replace(old, new, 1) if n.endswith(member) else d
+
+
+CONSISTENT_EDITS: dict[str, tuple[Callable[[str, bytes], bytes], str]] = {
+    "other tag": (_sub("/WHEEL", b"Tag: py3-none-any", b"Tag: cp310-cp310-linux_x86_64"), "tag-mismatch"),
+    "extra tag": (
+        _sub("/WHEEL", b"Tag: py3-none-any", b"Tag: py3-none-any\nTag: py2-none-any"),
+        "tag-mismatch",
+    ),
+    "unexpanded": (_sub("/WHEEL", b"Tag: py3-none-any", b"Tag: py2.py3-none-any"), "unexpanded-tag"),
+    "build": (_sub("/WHEEL", b"Root-Is-Purelib", b"Build: 1\nRoot-Is-Purelib"), "build-mismatch"),
+    "wheel 2.0": (_sub("/WHEEL", b"Wheel-Version: 1.0", b"Wheel-Version: 2.0"), "wheel-version"),
+    "purelib": (_sub("/WHEEL", b"Root-Is-Purelib: true", b"Root-Is-Purelib: yes"), "purelib-missing"),
+    "name": (_sub("/METADATA", b"Name: foo", b"Name: bar"), "name-mismatch"),
+    "version": (_sub("/METADATA", b"Version: 0.3.0.dev0", b"Version: 0.3.0-dev0"), "version-mismatch"),
+    "two names": (_sub("/METADATA", b"Name: foo", b"Name: foo\nName: foo"), "metadata-invalid"),
+    "installer": (lambda n, d: d, "forbidden-member"),
+}
+
+
+@pytest.mark.parametrize("edit", list(CONSISTENT_EDITS))
+def test_consistent_edits(bases: list[Base], tmp_path: Path, edit: str) -> None:
+    """Archive and RECORD consistent, claims edited: verify rejects, repack refuses alike (issue 23)."""
+    func, code = CONSISTENT_EDITS[edit]
+    for index, (data, _) in enumerate(bases):
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            di = next(n for n in zf.namelist() if n.endswith("/WHEEL")).split("/")[0]
+        mutant = _edited(data, func)
+        if edit == "installer":
+            mutant = _with_member(mutant, f"{di}/INSTALLER", b"pip\n")
+        work = tmp_path / f"{edit}-{index}"
+        (work / "in").mkdir(parents=True)
+        path = work / "in" / NAME
+        path.write_bytes(mutant)
+        rc_v, out_v, err_v = run_cli(["verify", "--json", str(path)])
+        argv = ["repack", str(path), "--name", "foo-cu12", "--tag", TARGET, "--outdir", str(work / "o")]
+        rc_r, out_r, err_r = run_cli([*argv, "--json"])
+        assert rc_v == 1 and code in _codes(out_v), err_v
+        assert_clean_failure(rc_r, err_r, code)
+        assert _codes(out_r) == _codes(out_v)
+        assert not (work / "o").exists() and path.read_bytes() == mutant
+
+
+def _with_member(data: bytes, name: str, content: bytes) -> bytes:
+    """``data`` plus one member, listed in RECORD (so only the member itself is wrong)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        members = [(i.filename, zf.read(i)) for i in zf.infolist()]
+    record = next(n for n, _ in members if n.endswith(".dist-info/RECORD"))
+    members = [m for m in members if m[0] != record] + [(name, content)]
+    members.append((record, record_for(members, record)))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n, d in members:
+            zf.writestr(zipfile.ZipInfo(n, (2020, 1, 1, 0, 0, 0)), d)
+    return buf.getvalue()
 
 
 @pytest.mark.parametrize("shard", range(SHARDS))

@@ -148,11 +148,13 @@ def test_build_tag_kept(make_wheel, tmp_path: Path) -> None:  # case 20
     assert get_all(read(out, "foo_cu12-0.3.0.dev0.dist-info/WHEEL"), "Build") == ["1abc"]
 
 
-def test_repairs_tag_mismatch(make_wheel, tmp_path: Path) -> None:  # case 21
+def test_tag_mismatch_refused(make_wheel, tmp_path: Path) -> None:  # case 21, as issue 23 decided
+    """The WHEEL Tag edited to another tag, RECORD updated to match: verify rejects it, so repack does."""
     src = make_wheel("foo-0.3.0.dev0-py3-none-any.whl", tags=["cp310-cp310-linux_x86_64"])
-    res = repack_wheel(src, name="foo_cu12", tags=TARGET, outdir=tmp_path / "o")
-    assert [w.code for w in res.warnings] == ["tag-mismatch"]
-    verify_wheel(res.output)
+    with pytest.raises(WheelVerificationError, match="input wheel is not valid") as exc_info:
+        repack_wheel(src, name="foo_cu12", tags=TARGET, outdir=tmp_path / "o")
+    assert exc_info.value.codes == {"tag-mismatch"}
+    assert not (tmp_path / "o").exists()
 
 
 def test_tampered_input_refused(make_wheel, tmp_path: Path) -> None:  # case 22

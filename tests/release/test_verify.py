@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import ReleaseError, WheelVerificationError
+from release.errors import WheelVerificationError
 from release.repack import repack_wheel
 from release.verify import Limits, check_path, inspect_wheel, verify_wheel
 from tests.release.wheelkit import foo_members, metadata, record_for, wheel_file, write_zip
@@ -20,7 +20,8 @@ DI = "foo-0.3.0.dev0.dist-info"
 NAME = "foo-0.3.0.dev0-py3-none-any.whl"
 
 
-def rejected(path: Path, code: str, match: str = "", *, repack: bool = True, **kwargs) -> None:
+def rejected(path: Path, code: str, match: str = "", **kwargs) -> None:
+    """``verify`` reports ``code``; ``repack`` refuses with exactly verify's codes, writing nothing."""
     before = path.read_bytes()
     _, issues = inspect_wheel(path, **kwargs)
     codes = [i.code for i in issues]
@@ -32,13 +33,11 @@ def rejected(path: Path, code: str, match: str = "", *, repack: bool = True, **k
     with pytest.raises(WheelVerificationError) as exc_info:
         verify_wheel(path, **kwargs)
     assert code in exc_info.value.codes
-    if repack:
-        outdir = path.parent.parent / "out"
-        with pytest.raises(ReleaseError):
-            repack_wheel(
-                path, name="foo-cu12", tags="py3-none-manylinux_2_28_x86_64", outdir=outdir, **kwargs
-            )
-        assert not outdir.exists() or not any(outdir.iterdir())
+    outdir = path.parent.parent / "out"
+    with pytest.raises(WheelVerificationError) as refused:
+        repack_wheel(path, name="foo-cu12", tags="py3-none-manylinux_2_28_x86_64", outdir=outdir, **kwargs)
+    assert refused.value.codes == set(codes)
+    assert not outdir.exists() or not any(outdir.iterdir())
     assert path.read_bytes() == before
 
 
@@ -78,9 +77,9 @@ def test_build_tag_mismatch(make_wheel) -> None:  # case 20
     rejected(path, "build-mismatch", "got '1abc'")
 
 
-def test_tag_mismatch(make_wheel) -> None:  # case 21, repaired by repack (see test_repack)
+def test_tag_mismatch(make_wheel) -> None:  # case 21: refused by repack too (issue 23)
     path = make_wheel(NAME, tags=["cp310-cp310-linux_x86_64"])
-    rejected(path, "tag-mismatch", "py3-none-any", repack=False)
+    rejected(path, "tag-mismatch", "py3-none-any")
 
 
 def test_tampered_hash(make_wheel) -> None:  # case 22
@@ -188,22 +187,22 @@ def test_name_mismatch(make_wheel) -> None:  # case 36
 
 
 @pytest.mark.parametrize(
-    ("wheel", "code", "repack"),
+    ("wheel", "code"),
     [
-        (b"Wheel-Version: 2.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n", "wheel-version", True),
-        (b"Wheel-Version: 1.0\nTag: py3-none-any\n", "purelib-missing", True),
-        (b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py2.py3-none-any\n", "unexpanded-tag", False),
+        (b"Wheel-Version: 2.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n", "wheel-version"),
+        (b"Wheel-Version: 1.0\nTag: py3-none-any\n", "purelib-missing"),
+        (b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py2.py3-none-any\n", "unexpanded-tag"),
     ],
 )
-def test_wheel_file_fields(make_wheel, wheel: bytes, code: str, repack: bool) -> None:  # case 37
+def test_wheel_file_fields(make_wheel, wheel: bytes, code: str) -> None:  # case 37
     members = rebuild(foo_members(tags=["py2-none-any", "py3-none-any"]), {f"{DI}/WHEEL": wheel})
-    rejected(make_wheel("foo-0.3.0.dev0-py2.py3-none-any.whl", members), code, repack=repack)
+    rejected(make_wheel("foo-0.3.0.dev0-py2.py3-none-any.whl", members), code)
 
 
 def test_release_mode_refuses_local(make_wheel) -> None:
     path = make_wheel("foo-1.0+abc.1-py3-none-any.whl", foo_members(version="1.0+abc.1"))
     verify_wheel(path)
-    rejected(path, "local-version", "PyPI", release=True, repack=False)
+    rejected(path, "local-version", "PyPI", release=True)
 
 
 def test_installer_files_forbidden(make_wheel) -> None:

@@ -301,24 +301,24 @@ def test_repack_output_reads_the_same_everywhere(tmp_path: Path) -> None:
     OutputChecks(tmp_path)(out)  # verify, zipfile.testzip, installer (RECORD validated), unzip -t
 
 
-def test_input_changed_after_verification(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The copy takes the verified digests; bytes swapped in after the check cannot get signed."""
-    import release.repack
+def test_input_changed_after_the_static_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Member bytes swapped in after the header checks are the bytes hashed: they cannot get signed."""
+    from release.verify import WheelChecker
 
     path = wheel(tmp_path, compression=STORED)
     data = path.read_bytes()
     swapped = zipcraft.replace_stored(data, b"foo/__init__.py", b"VALUE = 6\n")
-    real = release.repack.inspect_wheel
+    real = WheelChecker.check_static
 
-    def inspect_then_swap(*args, **kwargs):
-        result = real(*args, **kwargs)
-        path.write_bytes(swapped)
-        return result
+    def check_then_swap(self, archive):
+        real(self, archive)
+        path.write_bytes(swapped)  # same inode: the open archive reads the new bytes
 
-    monkeypatch.setattr(release.repack, "inspect_wheel", inspect_then_swap)
+    monkeypatch.setattr(WheelChecker, "check_static", check_then_swap)
     with pytest.raises(WheelVerificationError) as exc_info:
         repack_wheel(path, name="foo-cu12", tags=TARGET, outdir=tmp_path / "o")
-    assert exc_info.value.codes == {"record-hash"}
+    assert exc_info.value.codes <= {"record-hash", "bad-zip"} and exc_info.value.codes
+    assert "foo/__init__.py" in str(exc_info.value.issues[0])
     assert not (tmp_path / "o").exists()
 
 
