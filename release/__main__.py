@@ -1,5 +1,7 @@
 """Command line: ``python -m release {version,build,repack,verify,release,wheel}``.
 
+From the repository root ``python -m release``; from anywhere ``python PATH/TO/release`` (this
+file puts the repository on ``sys.path``), and ``--project`` defaults to that repository.
 Exit status 0 on success, 1 on a :class:`ReleaseError` (one ``ERROR:`` line and indented
 issues on stderr), 2 on usage errors (argparse, or an invalid ``--name``/``--tag``/``--requires``).
 ``--json`` prints one JSON object on stdout.
@@ -13,8 +15,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+if not __package__:  # run as ``python PATH/TO/release``: make ``import release`` find this package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from release.errors import Issue, ReleaseError
 from release.progress import Progress
+
+_REPO = Path(__file__).resolve().parents[1]
+_DEFAULT_PROJECT = _REPO if (_REPO / "pyproject.toml").is_file() else Path(".")
 
 __all__ = ["build_parser", "main"]
 
@@ -24,7 +32,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     common.add_argument("--quiet", "-q", action="store_true", help="no progress or warnings on stderr")
     project = argparse.ArgumentParser(add_help=False)
-    project.add_argument("--project", type=Path, default=Path("."), help="project root (default: .)")
+    project.add_argument(
+        "--project",
+        type=Path,
+        default=_DEFAULT_PROJECT,
+        metavar="DIR",
+        help=f"project root with pyproject.toml and VERSION.txt (default: {_DEFAULT_PROJECT})",
+    )
     isolation = argparse.ArgumentParser(add_help=False)
     isolation.add_argument(
         "--isolation",
@@ -32,23 +46,48 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="build in an isolated environment (default: this interpreter)",
     )
 
-    parser = argparse.ArgumentParser(prog=prog or "python -m release", description="thd-kernels release tool")
+    parser = argparse.ArgumentParser(
+        prog=prog or "python -m release",
+        description="thd-kernels release tool: normalized versions, zip-to-zip repack, strict wheel checks. "
+        "Exit status: 0 ok, 1 failure (an ERROR: line on stderr), 2 usage error.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("version", parents=[common, project], help="print the normalized version")
-    p.add_argument("--release", action="store_true", help="refuse local versions ('+label')")
-    p.add_argument("--file", type=Path, help="version file (default: PROJECT/VERSION.txt)")
+    def add(name: str, parents: list[argparse.ArgumentParser], summary: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=parents, help=summary, description=summary)
 
-    p = sub.add_parser("build", parents=[common, project, isolation], help="build sdist and wheel")
-    p.add_argument("--outdir", type=Path, default=Path("dist"), help="fresh output directory (default: dist)")
+    p = add("version", [common, project], "print the normalized version of VERSION.txt")
+    p.add_argument("--release", action="store_true", help="refuse local versions ('+label')")
+    p.add_argument("--file", type=Path, metavar="PATH", help="version file (default: PROJECT/VERSION.txt)")
+
+    p = add("build", [common, project, isolation], "build the sdist and the core wheel from a staged copy")
+    p.add_argument(
+        "--outdir",
+        type=Path,
+        default=Path("dist"),
+        metavar="DIR",
+        help="fresh output directory (default: dist)",
+    )
     p.add_argument("--no-sdist", action="store_true", help="build the wheel only")
 
-    p = sub.add_parser("repack", parents=[common], help="rename and retag a wheel zip-to-zip")
-    p.add_argument("wheel", type=Path)
-    p.add_argument("--name", required=True, help="new distribution name")
-    p.add_argument("--tag", action="append", required=True, help="compressed tag set (repeatable)")
-    p.add_argument("--requires", action="append", default=[], help="Requires-Dist to add (repeatable)")
-    p.add_argument("--outdir", type=Path, help="output directory (default: the input's)")
+    p = add("repack", [common], "rename and retag a wheel zip-to-zip (checked like verify, one pass)")
+    p.add_argument("wheel", type=Path, metavar="WHEEL", help="the input wheel (never modified)")
+    p.add_argument("--name", required=True, help="new distribution name, e.g. thd-kernels-cu12")
+    p.add_argument(
+        "--tag",
+        action="append",
+        required=True,
+        metavar="TAGS",
+        help="compressed tag set, e.g. py3-none-manylinux_2_28_x86_64 (repeatable)",
+    )
+    p.add_argument(
+        "--requires",
+        action="append",
+        default=[],
+        metavar="REQ",
+        help="Requires-Dist line to add, e.g. 'nvidia-cuda-runtime-cu12>=12.4,<13' (repeatable)",
+    )
+    p.add_argument("--outdir", type=Path, metavar="DIR", help="output directory (default: the input's)")
     p.add_argument(
         "--allow-extension-retag",
         action="store_true",
@@ -57,20 +96,36 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a different existing output")
     p.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
 
-    p = sub.add_parser("verify", parents=[common], help="check wheels; report every issue")
-    p.add_argument("wheels", type=Path, nargs="+", metavar="WHEEL")
+    p = add("verify", [common], "check wheels; print OK per good wheel, report every issue of the others")
+    p.add_argument("wheels", type=Path, nargs="+", metavar="WHEEL", help="wheel file(s) to check")
     p.add_argument("--release", action="store_true", help="also refuse local versions")
-    p.add_argument("--max-size", type=int, help="uncompressed size limit in bytes")
-    p.add_argument("--max-ratio", type=float, help="per-member compression ratio limit")
+    p.add_argument("--max-size", type=int, metavar="BYTES", help="uncompressed size limit (default: 16 GiB)")
+    p.add_argument(
+        "--max-ratio", type=float, metavar="R", help="per-member compression ratio limit (default: 200)"
+    )
 
-    p = sub.add_parser("release", parents=[common, project, isolation], help="build the verified release set")
-    p.add_argument("--outdir", type=Path, default=Path("dist"), help="empty output directory (default: dist)")
-    p.add_argument("--flavors", type=Path, help="flavor table (default: release/flavors.json)")
+    p = add("release", [common, project, isolation], "build the verified release set")
+    p.add_argument(
+        "--outdir",
+        type=Path,
+        default=Path("dist"),
+        metavar="DIR",
+        help="empty output directory (default: dist)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous release set in DIR (only *.whl, *.tar.gz, SHA256SUMS, release.json; "
+        "after the new set passed every check)",
+    )
+    p.add_argument(
+        "--flavors", type=Path, metavar="FILE", help="flavor table (default: release/flavors.json)"
+    )
 
-    p = sub.add_parser("wheel", parents=[common, project, isolation], help="dev wheel of the default flavor")
-    p.add_argument("--outdir", type=Path, required=True)
-    p.add_argument("--local", help="local version label, e.g. g1a2b3c4")
-    p.add_argument("--flavor", help="flavor extra (default: the table's default)")
+    p = add("wheel", [common, project, isolation], "dev wheel of one flavor, with a local version label")
+    p.add_argument("--outdir", type=Path, required=True, metavar="DIR", help="output directory")
+    p.add_argument("--local", metavar="LABEL", help="local version label, e.g. g1a2b3c4")
+    p.add_argument("--flavor", metavar="NAME", help="flavor ('extra' in flavors.json; default: its default)")
     return parser
 
 
@@ -130,17 +185,24 @@ def _cmd_verify(args: argparse.Namespace, progress: Progress) -> tuple[dict[str,
         _warn(args, report.warnings)
         results.append({**report.as_dict(), "ok": not found, "issues": [i.as_dict() for i in found]})
         issues += found
+        if not found and not args.json:
+            print(f"OK {wheel}", flush=True)
     if issues:
         bad = sum(1 for r in results if not r["ok"])
         raise WheelVerificationError(f"verify: {bad} of {len(results)} wheel(s) failed", issues)
-    return {"wheels": results}, "\n".join(f"OK {r['wheel']}" for r in results)
+    return {"wheels": results}, ""
 
 
 def _cmd_release(args: argparse.Namespace, progress: Progress) -> tuple[dict[str, object], str]:
     from release.release_set import make_release
 
     res = make_release(
-        args.project, args.outdir, isolation=args.isolation, flavors=args.flavors, say=progress.step
+        args.project,
+        args.outdir,
+        isolation=args.isolation,
+        flavors=args.flavors,
+        overwrite=args.overwrite,
+        say=progress.step,
     )
     if not args.quiet:
         for warning in res.warnings:

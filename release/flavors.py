@@ -1,4 +1,9 @@
-"""The flavor table (``flavors.json``): which wheels the core wheel is repacked into."""
+"""The flavor table (``flavors.json``): which wheels the core wheel is repacked into.
+
+The core wheel itself (``thd-kernels``, what ``pip install thd-kernels`` takes) is the default;
+each flavor is an alternative distribution of the same code with its own name, tags and extra
+requirements (``pip install thd-kernels-cu12`` instead of ``thd-kernels``, never beside it).
+"""
 
 from __future__ import annotations
 
@@ -16,11 +21,12 @@ __all__ = ["DEFAULT_FLAVORS", "Flavor", "FlavorTable", "load_flavors"]
 
 DEFAULT_FLAVORS = Path(__file__).with_name("flavors.json")
 _KEYS = {"extra", "name", "tags", "requires"}
+_TOP_KEYS = {"default", "flavors"}
 
 
 @dataclass(frozen=True)
 class Flavor:
-    """One repacked distribution: its extra in the metapackage, name, tags and requirements."""
+    """One repacked distribution: its short name (``extra``), name, tags and added requirements."""
 
     extra: str
     name: str
@@ -30,9 +36,7 @@ class Flavor:
 
 @dataclass(frozen=True)
 class FlavorTable:
-    metapackage: str
-    summary: str
-    default: str
+    default: str  # the flavor ``make wheel`` builds
     flavors: tuple[Flavor, ...]
 
     def get(self, extra: str) -> Flavor:
@@ -47,6 +51,9 @@ def load_flavors(path: str | Path = DEFAULT_FLAVORS) -> FlavorTable:
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        unknown = set(data) - _TOP_KEYS
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)}, expected {sorted(_TOP_KEYS)}")
         flavors = []
         for index, item in enumerate(data["flavors"]):
             unknown = set(item) - _KEYS
@@ -58,12 +65,11 @@ def load_flavors(path: str | Path = DEFAULT_FLAVORS) -> FlavorTable:
             expand_tags(item["tags"])
             reqs = tuple(str(Requirement(r)) for r in item.get("requires", []))
             flavors.append(Flavor(str(item["extra"]), item["name"], item["tags"], reqs))
-        table = FlavorTable(data["metapackage"], data.get("summary", ""), data["default"], tuple(flavors))
-        validate_project_name(table.metapackage)
+        table = FlavorTable(data["default"], tuple(flavors))
     except (OSError, KeyError, TypeError, ValueError, InvalidRequirement) as exc:
         raise ReleaseError(f"{path}: invalid flavor table: {exc}") from exc
     names = [canonicalize_name(f.name) for f in table.flavors]
-    if len(set(names)) != len(names) or canonicalize_name(table.metapackage) in names:
-        raise ReleaseError(f"{path}: flavor names must be unique and differ from the metapackage: {names}")
+    if len(set(names)) != len(names):
+        raise ReleaseError(f"{path}: flavor names must be unique: {names}")
     table.get(table.default)
     return table

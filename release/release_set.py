@@ -1,7 +1,13 @@
-"""The release set: sdist, flavor wheels, the ``thd-kernels`` metapackage, sums and manifest.
+"""The release set: the sdist, the core wheel, the flavor wheels, sums and manifest.
 
-Everything is produced in a staging directory next to the output directory and moved in
-only after every artifact and the set as a whole passed verification.
+The core wheel ``thd-kernels`` (code, ``torch``/``triton``/``numpy`` and the ``transformers``
+extra, as ``pyproject.toml`` declares them) is what ``pip install thd-kernels`` takes; each
+flavor is the same code repacked under its own name and tags with extra requirements, an
+alternative to it. Everything is produced in a staging directory next to the output directory
+and moved in only after every artifact and the set as a whole passed verification; each
+wheel's report comes from the pass that wrote it (build or repack), nothing is read twice.
+``overwrite`` replaces the files of a previous release set in the output directory (see
+:func:`make_release`).
 """
 
 from __future__ import annotations
@@ -17,21 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.requirements import Requirement
-from packaging.tags import parse_tag
 from packaging.utils import canonicalize_name
-from packaging.version import Version
 
 from release.build import build_project
 from release.errors import Issue, ReleaseError, WheelVerificationError
-from release.flavors import FlavorTable, load_flavors
-from release.metadata import get_all, get_first
-from release.record import Hash, RecordEntry, serialize_record
+from release.flavors import load_flavors
 from release.repack import repack_wheel, source_date_epoch
-from release.verify import WheelReport, verify_wheel
+from release.verify import WheelReport
 from release.version import VersionInfo, read_version_file, with_local_label
-from release.wheelname import dist_info_dir, format_wheel_name
-from release.zipio import ZipWriter, dos_date_time
 
 __all__ = [
     "ReleaseResult",
@@ -39,7 +38,6 @@ __all__ = [
     "default_epoch",
     "make_dev_wheel",
     "make_release",
-    "write_metapackage",
 ]
 
 Say = Callable[[str], None]
@@ -90,45 +88,14 @@ def _git_state(srcdir: Path) -> dict[str, object]:
     return {"commit": None, "dirty": None}
 
 
-def write_metapackage(outdir: Path, table: FlavorTable, version: Version, epoch: int | None) -> Path:
-    """Write the code-free metapackage wheel whose extras pin each flavor ``==<version>``."""
-    name = table.metapackage
-    di = dist_info_dir(name, version)
-    lines = [
-        "Metadata-Version: 2.1",
-        f"Name: {name}",
-        f"Version: {version}",
-        f"Summary: {table.summary}",
-        "Requires-Python: >=3.10",
-    ]
-    for flavor in table.flavors:
-        lines.append(f"Provides-Extra: {flavor.extra}")
-        lines.append(f'Requires-Dist: {flavor.name}=={version}; extra == "{flavor.extra}"')
-    lines.append("Description-Content-Type: text/markdown")
-    extras = ", ".join(f"`{table.metapackage}[{f.extra}]`" for f in table.flavors)
-    body = f"# {name}\n\nMetapackage without code. Install one flavor: {extras}.\n"
-    metadata = ("\n".join(lines) + "\n\n" + body).encode("utf-8")
-    wheel = b"Wheel-Version: 1.0\nGenerator: thd-release\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    path = outdir / format_wheel_name(name, version, (), parse_tag("py3-none-any"))
-    dt = dos_date_time(epoch)
-    rows = []
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fp:
-        writer = ZipWriter(fp)
-        for member, data in (("METADATA", metadata), ("WHEEL", wheel)):
-            writer.add_bytes(f"{di}/{member}", data, 0o644, dt)
-            rows.append(RecordEntry(f"{di}/{member}", Hash.of_bytes(data), len(data)))
-        rows.append(RecordEntry(f"{di}/RECORD", None, None))
-        writer.add_bytes(f"{di}/RECORD", serialize_record(rows), 0o644, dt)
-        writer.close()
-    os.replace(tmp, path)
-    return path
-
-
 def check_release_set(
-    reports: Sequence[WheelReport], sdist_version: str | None, table: FlavorTable
+    reports: Sequence[WheelReport], sdist_version: str | None, alternatives: Sequence[str]
 ) -> list[Issue]:
-    """One version string everywhere, pins resolve inside the set, no shared files."""
+    """One version string everywhere and no file owned by two co-installable wheels.
+
+    ``alternatives`` are the distributions of which one is installed (the core and its flavors:
+    they ship the same files by design).
+    """
     issues: list[Issue] = []
     versions = {r.path.name: r.version for r in reports}
     if sdist_version is not None:
@@ -142,47 +109,11 @@ def check_release_set(
                 f"expected one version string, got {versions}",
             )
         )
-    by_name = {canonicalize_name(r.name): r for r in reports}
-    meta = by_name.get(canonicalize_name(table.metapackage))
-    if meta is None:
-        issues.append(Issue("structure", "release set", table.metapackage, "expected the metapackage wheel"))
-    else:
-        import zipfile
-
-        with zipfile.ZipFile(meta.path) as zf:
-            metadata = zf.read(f"{meta.dist_info}/METADATA")
-        for text in get_all(metadata, "Requires-Dist"):
-            req = Requirement(text)
-            target = by_name.get(canonicalize_name(req.name))
-            specs = list(req.specifier)
-            pinned = specs[0].version if len(specs) == 1 and specs[0].operator == "==" else None
-            if target is None:
-                issues.append(
-                    Issue(
-                        "pin-unresolved",
-                        meta.path.name,
-                        f"Requires-Dist {text!r}",
-                        f"expected a wheel named {req.name} in the set, got none",
-                    )
-                )
-            elif pinned != meta.version or target.version != pinned:
-                issues.append(
-                    Issue(
-                        "pin-mismatch",
-                        meta.path.name,
-                        f"Requires-Dist {text!r}",
-                        f"expected =={meta.version}, the set has {target.version!r}",
-                    )
-                )
-        if get_first(metadata, "Version") != meta.version:
-            issues.append(
-                Issue("version-mismatch", meta.path.name, "METADATA Version", "expected the file name's")
-            )
-    flavors = {canonicalize_name(f.name) for f in table.flavors}
+    either = {canonicalize_name(n) for n in alternatives}
     for i, a in enumerate(reports):
         for b in reports[i + 1 :]:
-            if {canonicalize_name(a.name), canonicalize_name(b.name)} <= flavors:
-                continue  # flavors are alternatives (one extra each), never installed together
+            if {canonicalize_name(a.name), canonicalize_name(b.name)} <= either:
+                continue
             shared = sorted(set(a.files) & set(b.files))
             if shared:
                 issues.append(
@@ -210,16 +141,22 @@ def make_release(
     *,
     isolation: bool = False,
     flavors: str | Path | None = None,
+    overwrite: bool = False,
     say: Say | None = None,
 ) -> ReleaseResult:
-    """Build, repack, verify and publish the whole release set into an empty ``outdir``."""
+    """Build, repack, verify and publish the whole release set into an empty ``outdir``.
+
+    With ``overwrite`` the output directory may hold a previous release set: only files named
+    like release artifacts (``*.whl``, ``*.tar.gz``, ``SHA256SUMS``, ``release.json``) are
+    replaced or removed, only after the new set passed every check; anything else makes it
+    refuse, and nothing outside ``outdir`` is touched.
+    """
     srcdir, outdir = Path(srcdir).resolve(), Path(outdir).resolve()
     say = say or (lambda _m: None)
     info = read_version_file(srcdir / "VERSION.txt")
     info.require_release()
     table = load_flavors(flavors) if flavors else load_flavors()
-    if outdir.exists() and any(outdir.iterdir()):
-        raise ReleaseError(f"{outdir}: output directory is not empty; expected an empty or new directory")
+    stale = _previous_release(outdir, overwrite)
     epoch = default_epoch(srcdir)
     git = _git_state(srcdir)
     warnings = []
@@ -237,7 +174,10 @@ def make_release(
         final.mkdir()
         assert built.sdist is not None
         shutil.copy2(built.sdist, final / built.sdist.name)
-        reports = []
+        shutil.copy2(built.wheel, final / built.wheel.name)
+        core = built.wheel_report  # release rules: the version was checked public above
+        core.path = final / built.wheel.name
+        reports = [core]
         for flavor in table.flavors:
             say(f"repacking {flavor.name}")
             res = repack_wheel(
@@ -246,20 +186,20 @@ def make_release(
                 tags=flavor.tags,
                 requires=flavor.requires,
                 outdir=final,
+                release=True,
                 epoch=epoch,
             )
-            reports.append(verify_wheel(res.output, release=True))
-        say(f"writing metapackage {table.metapackage}")
-        meta = write_metapackage(final, table, info.version, epoch)
-        reports.append(verify_wheel(meta, release=True))
-        issues = check_release_set(reports, built.version.normalized, table)
+            assert res.report is not None
+            reports.append(res.report)
+        alternatives = [built.project, *(f.name for f in table.flavors)]
+        issues = check_release_set(reports, built.version.normalized, alternatives)
         if issues:
             raise WheelVerificationError("release set checks failed", issues)
-        artifacts = _describe(final, built.sdist.name, reports, table)
+        artifacts = _describe(final, built.sdist.name, reports, built.project)
         sums = "".join(f"{a['sha256']}  {a['file']}\n" for a in artifacts)
         (final / "SHA256SUMS").write_text(sums, encoding="utf-8")
         manifest = {
-            "schema": 1,
+            "schema": 2,
             "project": built.project,
             "version": info.as_dict(),
             "source_date_epoch": epoch,
@@ -273,8 +213,12 @@ def make_release(
         }
         (final / "release.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         outdir.mkdir(parents=True, exist_ok=True)
+        new = {p.name for p in final.iterdir()}
         for path in sorted(final.iterdir()):
             os.replace(path, outdir / path.name)
+        for path in stale:
+            if path.name not in new:
+                path.unlink(missing_ok=True)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     for a in artifacts:
@@ -282,13 +226,44 @@ def make_release(
     return ReleaseResult(outdir, info, artifacts, outdir / "release.json", warnings)
 
 
-def _describe(
-    final: Path, sdist: str, reports: list[WheelReport], table: FlavorTable
-) -> list[dict[str, object]]:
-    meta = canonicalize_name(table.metapackage)
+_ARTIFACT_NAMES = ("SHA256SUMS", "release.json")
+_ARTIFACT_SUFFIXES = (".whl", ".tar.gz")
+
+
+def _previous_release(outdir: Path, overwrite: bool) -> list[Path]:
+    """The files of a previous release set that ``overwrite`` may replace; refuse anything else."""
+    if not outdir.exists():
+        return []
+    if not outdir.is_dir():
+        raise ReleaseError(f"{outdir}: expected an output directory, got a file")
+    present = sorted(outdir.iterdir())
+    if not present:
+        return []
+    if not overwrite:
+        raise ReleaseError(
+            f"{outdir}: output directory is not empty; expected an empty or new directory\n"
+            "run 'make clean' (removes dist/), or pass --overwrite to replace a previous release set"
+        )
+    foreign = [
+        p.name
+        for p in present
+        if not p.is_file()
+        or p.is_symlink()
+        or not (p.name in _ARTIFACT_NAMES or p.name.endswith(_ARTIFACT_SUFFIXES))
+    ]
+    if foreign:
+        raise ReleaseError(
+            f"{outdir}: --overwrite replaces only release artifacts (*.whl, *.tar.gz, SHA256SUMS, "
+            f"release.json); expected nothing else, got {foreign[:5]}"
+        )
+    return present
+
+
+def _describe(final: Path, sdist: str, reports: list[WheelReport], project: str) -> list[dict[str, object]]:
+    core = canonicalize_name(project)
     out: list[dict[str, object]] = [{"file": sdist, "kind": "sdist"}]
     for r in reports:
-        kind = "metapackage" if canonicalize_name(r.name) == meta else "flavor"
+        kind = "wheel" if canonicalize_name(r.name) == core else "flavor"
         out.append({"file": r.path.name, "kind": kind, "name": r.name, "version": r.version, "tags": r.tags})
     for a in out:
         path = final / str(a["file"])
@@ -337,4 +312,4 @@ def make_dev_wheel(
             epoch=epoch,
         )
     assert res.report is not None
-    return info, verify_wheel(res.output)
+    return info, res.report

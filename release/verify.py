@@ -126,15 +126,15 @@ class WheelChecker:
 
     def open(self) -> ZipArchive | None:
         """Check the file name and parse the archive; ``None`` after reporting why it cannot be."""
+        if not self.path.is_file():
+            got = "a directory" if self.path.is_dir() else "no such file"
+            self.err("no-such-file", str(self.path), f"expected a wheel file, got {got}")
+            return None
         self._name = self.check_filename()
         try:
             return ZipArchive.open(self.path, max_entries=self.limits.max_members)
         except ZipFormatError as exc:
             self.err(exc.code, exc.where, exc.detail)
-        except FileNotFoundError:
-            self.err("no-such-file", str(self.path), "expected a wheel file, got no such file")
-        except IsADirectoryError:
-            self.err("no-such-file", str(self.path), "expected a wheel file, got a directory")
         except OSError as exc:
             self.err("bad-zip", "archive", f"expected a readable zip file, got {exc}")
         return None

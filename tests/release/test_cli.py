@@ -59,6 +59,8 @@ def test_verify_reports_every_issue(make_wheel, foo_wheel: Path, capsys: pytest.
     bad = make_wheel("foo-0.3.0.dev0-py3-none-manylinux_2_28_x86_64.whl", members)
     assert main(["verify", str(foo_wheel)]) == 0
     assert capsys.readouterr().out == f"OK {foo_wheel}\n"
+    assert main(["verify", str(foo_wheel), str(bad)]) == 1
+    assert capsys.readouterr().out == f"OK {foo_wheel}\n"  # the good one is named
     assert main(["verify", "--json", str(foo_wheel), str(bad)]) == 1
     captured = capsys.readouterr()
     assert captured.err.startswith("ERROR: verify: 1 of 2 wheel(s) failed\n")
@@ -69,6 +71,35 @@ def test_verify_reports_every_issue(make_wheel, foo_wheel: Path, capsys: pytest.
     data = json.loads(captured.out)
     assert {i["code"] for i in data["error"]["issues"]} == {"record-hash", "tag-mismatch"}
     assert all(i["artifact"] == bad.name for i in data["error"]["issues"])
+
+
+def test_missing_file_is_no_such_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "foo-1.0-py3-none-any.whl"
+    for argv in (["verify", str(missing)], ["repack", str(missing), "--name", "x", "--tag", TARGET]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("ERROR: ") and "no-such-file" in err and "no such file" in err, err
+        assert "bad-zip" not in err
+
+
+def test_every_argument_has_help() -> None:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        assert p.description, name
+        for action in p._actions:
+            assert action.help, f"{name} {action.dest}"
+
+
+def test_runs_from_another_directory(tmp_path: Path) -> None:
+    """``python PATH/TO/release`` from anywhere; --project defaults to the tool's repository."""
+    proc = subprocess.run(
+        [sys.executable, "-I", str(REPO / "release"), "version", "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["raw"] == (REPO / "VERSION.txt").read_text().strip()
 
 
 def test_verify_limits(foo_wheel: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,7 +174,8 @@ def test_release_and_wheel_commands(tmp_path: Path, capsys: pytest.CaptureFixtur
     data = json.loads(capsys.readouterr().out)
     assert data["version"]["normalized"] == "1.0rc1" and len(data["artifacts"]) == 4
     assert main(["release", "--project", str(project), "--outdir", str(tmp_path / "dist")]) == 1
-    assert "not empty" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "not empty" in err and "make clean" in err and "--overwrite" in err
     assert (
         main(["wheel", "--project", str(project), "--outdir", str(tmp_path / "w"), "--local", "gdead"]) == 0
     )

@@ -120,6 +120,41 @@ def assert_clean_failure(rc: int, err: str, code: str | None = None) -> None:
         assert f": {code}: " in err, err
 
 
+def metadata_wheelhouse(dest: Path, skip_prefix: str = "thd-kernels") -> Path:
+    """A find-links directory: one wheel per distribution installed in this interpreter, holding
+    only its installed METADATA (so its real ``Requires-Dist``), none of its files.
+
+    It lets pip resolve against exactly the versions this environment has, offline, without
+    copying their payload (``torch`` alone is 190 MB); for ``--dry-run`` resolution only.
+    """
+    from importlib.metadata import distributions
+
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    dest.mkdir(parents=True, exist_ok=True)
+    seen: set[str] = set()
+    for dist in distributions():
+        name = dist.metadata["Name"] or ""
+        key = canonicalize_name(name) if name else ""
+        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+        if not key or key in seen or key.startswith(skip_prefix) or not text:
+            continue
+        try:
+            version = str(Version(dist.version))
+        except InvalidVersion:
+            continue
+        seen.add(key)
+        stem = f"{key.replace('-', '_')}-{version}"
+        members: list[Member] = [
+            (f"{stem}.dist-info/METADATA", text.encode()),
+            (f"{stem}.dist-info/WHEEL", wheel_file(["py3-none-any"])),
+        ]
+        members.append((f"{stem}.dist-info/RECORD", record_for(members, f"{stem}.dist-info/RECORD")))
+        write_zip(dest / f"{stem}-py3-none-any.whl", members)
+    return dest
+
+
 def project_copy(dest: Path, version_text: str) -> Path:
     """pyproject.toml, README.md, src/ and a VERSION.txt with ``version_text``."""
     dest.mkdir(parents=True)
