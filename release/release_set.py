@@ -242,7 +242,8 @@ def _previous_release(outdir: Path, overwrite: bool) -> list[Path]:
     if not overwrite:
         raise ReleaseError(
             f"{outdir}: output directory is not empty; expected an empty or new directory\n"
-            "run 'make clean' (removes dist/), or pass --overwrite to replace a previous release set"
+            "run 'make clean' (removes dist/) first, or pass --overwrite (make release OVERWRITE=1) "
+            "to replace a previous release set"
         )
     foreign = [
         p.name
