@@ -27,14 +27,6 @@ LENS_Q = [3, 5, 4]  # varlen batch: q rows 0..11
 LENS_K = [4, 5, 6]  # keys rows 0..14 (cross-attention: bottom-right alignment matters)
 
 
-@pytest.fixture(params=["reference", "triton"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "triton" and not thd._triton.interpreting():
-        pytest.skip("Triton on CPU needs TRITON_INTERPRET=1")
-    monkeypatch.setenv("THD_ATTENTION_BACKEND", request.param)
-    return request.param
-
-
 def _cu(lens: list[int]) -> Tensor:
     return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
 

@@ -26,11 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from thd.errors import ThdError, ThdTypeError, ThdValueError
+from thd.layout import INT32_MAX
 from thd.ops.attention.interface import attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
-
-_INT32_MAX = 2**31 - 1
 
 
 def _check_unsupported(fn: str, dropout_p: object, alibi_slopes: object, block_table: object = None) -> None:
@@ -183,9 +182,9 @@ def flash_attn_varlen_func(
 
 def _dense_offsets(fn: str, batch: int, seqlen: int, device: torch.device) -> Tensor:
     """int32 ``[batch + 1]`` offsets ``b * seqlen`` built on ``device`` (no host-to-device copy)."""
-    if batch * seqlen > _INT32_MAX:
+    if batch * seqlen > INT32_MAX:
         raise ThdValueError(
-            f"{fn}: batch * seqlen (={batch} * {seqlen}): expected at most {_INT32_MAX} rows (int32 offsets)"
+            f"{fn}: batch * seqlen (={batch} * {seqlen}): expected at most {INT32_MAX} rows (int32 offsets)"
         )
     return torch.arange(batch + 1, dtype=torch.int32, device=device) * seqlen
 
