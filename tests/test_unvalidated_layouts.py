@@ -22,7 +22,7 @@ import thd._triton
 from thd.cp import partition, unpartition
 from thd.errors import ThdTypeError, ThdValueError
 from thd.layout import pack_lengths, set_validation, validate
-from thd.ops.attention import AttentionOptions, VarlenLayout, attention_forward
+from thd.ops.attention import AttentionOptions, VarlenLayout, attention_backward, attention_forward
 
 ROWS = 16
 I32_MAX = 2**31 - 1
@@ -81,6 +81,40 @@ def test_reference_low_level_forward_clamps_too(monkeypatch: pytest.MonkeyPatch)
         attention_forward(q, k, v, bad, options), attention_forward(q, k, v, good, options), strict=True
     ):
         assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------- low-level backward
+
+
+def _saved(change: str) -> dict[str, Any]:
+    """Arguments of ``attention_backward`` with one saved tensor replaced by a wrong one."""
+    q, k, v = (torch.randn(ROWS, 2, 8) for _ in range(3))
+    cu = _i32([0, 5, ROWS])
+    layout, options = VarlenLayout(cu, cu, max_seqlen_q=11, max_seqlen_kv=11), AttentionOptions(0.3)
+    out, lse = attention_forward(q, k, v, layout, options)
+    args = {"do": torch.ones_like(out), "q": q, "k": k, "v": v, "out": out, "lse": lse}
+    wrong = {
+        "do-rows": ("do", torch.ones(4, 2, 8)),
+        "out-rows": ("out", out[:4]),
+        "lse-rows": ("lse", lse[:, :4]),
+        "lse-transposed": ("lse", lse.t()),
+        "lse-half": ("lse", lse.half()),
+        "do-int": ("do", torch.ones(ROWS, 2, 8, dtype=torch.int32)),
+        "out-meta": ("out", out.to("meta")),
+    }[change]
+    return {**args, wrong[0]: wrong[1], "layout": layout, "options": options}
+
+
+@pytest.mark.parametrize(
+    "change", ["do-rows", "out-rows", "lse-rows", "lse-transposed", "lse-half", "do-int", "out-meta"]
+)
+def test_backward_checks_its_saved_tensors(backend: str, change: str) -> None:
+    """``do``/``out``/``lse`` index q's rows in the kernels: a wrong shape corrupted the interpreter's
+    heap (``free(): invalid next size``) and raised RuntimeError on the reference."""
+    args = _saved(change)
+    name = change.split("-")[0]
+    with pytest.raises(ThdValueError, match=rf"attention_backward: {name}( device)?: expected"):
+        attention_backward(**args)
 
 
 # ----------------------------------------------------------------------------- head dim 0, q rank
