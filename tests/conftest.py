@@ -41,6 +41,17 @@ def no_host_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "equal", boom)
 
 
+@pytest.fixture(params=["reference", "triton"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``thd.attention`` forced onto the torch reference or the Triton kernels (interpreter on CPU)."""
+    import thd._triton
+
+    if request.param == "triton" and not thd._triton.interpreting():  # CPU tensors: interpreter only
+        pytest.skip("Triton on CPU needs TRITON_INTERPRET=1")
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", request.param)
+    return request.param
+
+
 @pytest.fixture
 def fresh_detection_cache() -> Iterator[None]:
     """An empty padding-detection cache (and counters) before and after the test."""

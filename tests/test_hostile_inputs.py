@@ -86,15 +86,6 @@ def _run(backend: str, q: Tensor, k: Tensor, v: Tensor, causal: bool, grad: bool
     return out.detach(), lse, q.grad, k.grad, v.grad
 
 
-@pytest.fixture(params=["reference", "triton"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """``thd.attention`` forced onto the torch reference or the Triton kernels (interpreter on CPU)."""
-    if request.param == "triton" and not thd._triton.interpreting():
-        pytest.skip("Triton on CPU needs TRITON_INTERPRET=1")
-    monkeypatch.setenv("THD_ATTENTION_BACKEND", request.param)
-    return request.param
-
-
 # (which tensor, real row, head) -> one NaN element there. Rows are buffer rows of LAYOUT:
 # sequence 0 is rows 0..4, sequence 1 rows 8..11, sequence 2 rows 12..17.
 NAN_CASES = [
@@ -303,13 +294,14 @@ def test_merge_partials_rejects_bad_parts() -> None:
 # ----------------------------------------------------------------------------- layout and meta
 
 
-def test_validate_names_int64_and_skips_meta_values() -> None:
+def test_validate_names_int64_and_refuses_meta_values() -> None:
     with pytest.raises(
         ThdTypeError, match=r"validate: cu_seqlens dtype: expected torch\.int32, got torch\.int64"
     ):
         validate(torch.tensor([0, 3]))
     meta = torch.empty(3, dtype=torch.int32, device="meta")
-    validate(meta, meta, num_rows=8, cp_size=2)  # no values to read: metadata checks only
+    with pytest.raises(ThdValueError, match=r"validate: cu_seqlens device: .*got meta"):
+        validate(meta, meta, num_rows=8, cp_size=2)  # nothing to validate: not a silent pass
     with pytest.raises(ThdTypeError, match="cu_seqlens_padded dtype"):
         validate(meta, torch.empty(3, dtype=torch.int64, device="meta"))
 

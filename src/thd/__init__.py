@@ -3,6 +3,7 @@
 Public entry points:
 
 - :func:`thd.attention` -- varlen attention (Triton on GPU, reference on CPU).
+- :func:`thd.flash_attn_varlen_func`, :func:`thd.flash_attn_func` -- FlashAttention 2 drop-ins.
 - :mod:`thd.layout` -- the cu_seqlens / cu_seqlens_padded layout contract.
 - :mod:`thd.padding` -- padding detection, row masks and zeroing.
 - :mod:`thd.cp` -- context-parallel partitioning and ring attention.
@@ -38,6 +39,8 @@ __all__ = [
     "ThdValueError",
     "__version__",
     "attention",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
 ]
 
 
@@ -52,6 +55,10 @@ def __getattr__(name: str) -> object:
         from thd.ops.attention.interface import attention
 
         return attention
+    if name in ("flash_attn_func", "flash_attn_varlen_func"):  # FlashAttention 2 drop-ins
+        from thd import flash_compat
+
+        return getattr(flash_compat, name)
     if name in _SUBMODULES:
         import importlib
 

@@ -16,8 +16,9 @@ CUDA-graph capture and when switched off with :func:`set_validation` or ``THD_VA
 
 from __future__ import annotations
 
+import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -28,9 +29,11 @@ from thd import _capture
 from thd.errors import ThdTypeError, ThdValueError
 
 __all__ = [
+    "INT32_MAX",
     "PackedLayout",
     "check_layout",
     "check_layout_async",
+    "check_not_meta",
     "pack_lengths",
     "set_device_validation",
     "set_validation",
@@ -39,6 +42,9 @@ __all__ = [
     "values_readable",
 ]
 
+_NAMES = ("cu_seqlens", "cu_seqlens_padded")
+INT32_MAX = 2**31 - 1
+"""Largest offset a layout holds: ``cu_seqlens`` and ``cu_seqlens_padded`` are int32."""
 _ENV_VALIDATE = os.environ.get("THD_VALIDATE", "1").strip().lower()
 _VALIDATION_ENABLED: bool = _ENV_VALIDATE not in ("0", "false", "off")
 _DEVICE_VALIDATION: bool = _ENV_VALIDATE == "device"
@@ -217,9 +223,10 @@ def validate(
     ``num_rows`` (if given); with ``cp_size > 1`` every slot length (and ``num_rows``) is a
     multiple of ``2 * cp_size``.
 
-    Metadata checks always run. Value checks cost one device-to-host copy and are skipped
-    silently while a CUDA graph is being captured (reading device memory is illegal there),
-    on meta tensors (they hold no values) and when validation is switched off
+    Metadata checks always run; meta tensors (no values to check) are a
+    :class:`~thd.errors.ThdValueError`. Value checks cost one device-to-host copy and are skipped
+    silently while a CUDA graph is being captured (reading device memory is illegal there)
+    and when validation is switched off
     (:func:`set_validation`, ``THD_VALIDATE=0``). Validate once per batch, before capture or
     outside the step. With ``THD_VALIDATE=device`` CUDA layouts are checked by an
     asynchronous device assertion instead (no sync, also under capture; see
@@ -231,6 +238,19 @@ def validate(
         ...          torch.tensor([0, 4, 8], dtype=torch.int32), num_rows=8, cp_size=2)
     """
     check_layout("validate", cu_seqlens, cu_seqlens_padded, num_rows=num_rows, cp_size=cp_size)
+    check_not_meta("validate", cu_seqlens, cu_seqlens_padded)
+
+
+def check_not_meta(
+    fn: str, cu_seqlens: Tensor, cu_seqlens_padded: Tensor | None, *, names: tuple[str, str] = _NAMES
+) -> None:
+    """Refuse meta offsets where values are needed: a meta tensor holds none to check or index with."""
+    for name, t in zip(names, (cu_seqlens, cu_seqlens_padded), strict=True):
+        if t is not None and t.is_meta:
+            raise ThdValueError(
+                f"{fn}: {name} device: expected a device holding values, got meta "
+                "(meta tensors carry shapes only: there are no offsets to check or index with)"
+            )
 
 
 def values_readable(*tensors: Tensor | None) -> bool:
@@ -358,6 +378,26 @@ class PackedLayout:
         return rows.index_select(0, self.index.to(rows.device))
 
 
+def _host_lengths(fn: str, lengths: object) -> tuple[int, ...]:
+    """``lengths`` as a tuple of ints >= 0 (ints, numpy or 0-d integer tensors; never bool or float)."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
+        raise ThdTypeError(f"{fn}: lengths: expected a sequence of ints, got {type(lengths).__name__}")
+    lens = []
+    for b, n in enumerate(lengths):
+        try:
+            if isinstance(n, bool):
+                raise TypeError
+            value = operator.index(n)
+        except (TypeError, RuntimeError, ValueError):  # a float, a str, a tensor that is not one int
+            raise ThdTypeError(
+                f"{fn}: lengths[{b}]: expected an int, got {type(n).__name__} {n!r:.40}"
+            ) from None
+        if value < 0:
+            raise ThdValueError(f"{fn}: lengths[{b}] (={value}): expected >= 0")
+        lens.append(value)
+    return tuple(lens)
+
+
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
@@ -391,13 +431,15 @@ def pack_lengths(
         raise ThdValueError(
             f"{fn}: pad_multiple (={multiple}): expected a multiple of 2*cp_size = {2 * cp_size}"
         )
-    lens = tuple(int(n) for n in lengths)
-    for b, n in enumerate(lens):
-        if n < 0:
-            raise ThdValueError(f"{fn}: lengths[{b}] (={n}): expected >= 0")
+    lens = _host_lengths(fn, lengths)
     padded = tuple(_round_up(n, multiple) for n in lens)
     cu = [0, *accumulate(lens)]
     cup = [0, *accumulate(padded)]
+    if cup[-1] > INT32_MAX:  # before any allocation: the offsets are int32
+        raise ThdValueError(
+            f"{fn}: lengths: expected slots totalling at most {INT32_MAX} rows (int32 offsets), "
+            f"got {cup[-1]} (sum of lengths {cu[-1]}, pad_multiple {multiple})"
+        )
     rows = cup[-1] if num_rows is None else check_num_rows(fn, num_rows, cp_size)
     if rows < cup[-1]:
         raise ThdValueError(f"{fn}: num_rows (={rows}) < cu_seqlens_padded[-1] (={cup[-1]}): expected room")

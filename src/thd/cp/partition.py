@@ -122,6 +122,8 @@ def partition(
     if num_rows is not None and num_rows != x.shape[0]:
         raise ThdValueError(f"{fn}: num_rows (={num_rows}): expected x.shape[0] = {x.shape[0]}")
     _layout.check_cu_metadata(fn, cu_seqlens_padded, None, names=_SLOT_NAMES)
+    if not x.is_meta:  # meta slots give meta indices, which cannot index real rows
+        _layout.check_not_meta(fn, cu_seqlens_padded, None, names=_SLOT_NAMES)
     _layout.check_cp(fn, cp_size, cp_rank)
     _check_slots(fn, cu_seqlens_padded, cp_size, x.shape[0])
     idx = rank_rows(cu_seqlens_padded, cp_size, cp_rank, x.shape[0])
@@ -160,6 +162,8 @@ def unpartition(
     if num_rows is not None and num_rows != rows:
         raise ThdValueError(f"{fn}: num_rows (={num_rows}): expected cp_size * shards[0].shape[0] = {rows}")
     _layout.check_cu_metadata(fn, cu_seqlens_padded, None, names=_SLOT_NAMES)
+    if not first.is_meta:
+        _layout.check_not_meta(fn, cu_seqlens_padded, None, names=_SLOT_NAMES)
     checked = _layout.values_readable(cu_seqlens_padded)
     _check_slots(fn, cu_seqlens_padded, cp_size, rows)
     idx = torch.cat([rank_rows(cu_seqlens_padded, cp_size, r, rows) for r in range(cp_size)])

@@ -57,6 +57,15 @@ def _window(fn: str, window_size: object, causal: bool) -> tuple[int, int]:
     return left, right
 
 
+def _default_scale(fn: str, q: Tensor) -> float:
+    """``D ** -0.5``; q's shape and head dim checked first (the options are resolved before
+    :func:`check_call`, and a head dim of 0 has no scale)."""
+    if q.dim() != 3:
+        raise ThdValueError(f"{fn}: q shape: expected [T, H, D], got {list(q.shape)}")
+    check_head_dim(fn, "q/k head_dim", q.shape[2])
+    return q.shape[2] ** -0.5
+
+
 def resolve_options(
     fn: str,
     q: Tensor,
@@ -82,13 +91,13 @@ def resolve_options(
             and 0 <= softcap <= MAX_FLOAT32
             and not (causal and right > 0)
         ):
-            scale = q.shape[-1] ** -0.5 if scale is None else scale
+            scale = _default_scale(fn, q) if scale is None else scale
             window = (left, right)
             return AttentionOptions(float(scale), bool(causal), window, float(softcap), bool(deterministic))
     if not isinstance(q, Tensor):
         raise ThdTypeError(f"{fn}: q: expected a torch.Tensor, got {type(q).__name__}")
     scale = check_softmax_scale(fn, softmax_scale)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scale = _default_scale(fn, q) if scale is None else scale
     cap = _finite_real(fn, "softcap", softcap)
     if not 0 <= cap <= MAX_FLOAT32:
         raise ThdValueError(f"{fn}: softcap: expected 0 (off) to {MAX_FLOAT32:.4g} (float32), got {cap}")

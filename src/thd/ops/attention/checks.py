@@ -22,6 +22,7 @@ __all__ = [
     "MAX_HEAD_DIM",
     "MAX_SEQLEN_LIMIT",
     "check_accumulator",
+    "check_saved_outputs",
     "check_head_dim",
     "check_layout_tensors",
     "check_max_seqlen",
@@ -144,3 +145,23 @@ def check_accumulator(fn: str, q: Tensor, v: Tensor, out: Tensor, lse: Tensor) -
     for name, t in (("out", out), ("lse", lse)):
         if t.device != q.device:
             raise ThdValueError(f"{fn}: accumulate {name} device: expected {q.device} (as q), got {t.device}")
+
+
+def check_saved_outputs(fn: str, q: Tensor, v: Tensor, do: object, out: object, lse: object) -> None:
+    """The backward's ``do`` and ``out`` ``[Tq, Hq, Dv]`` (fp16/bf16/fp32, any strides) and ``lse``
+    float32 ``[Hq, Tq]``, on q's device: the kernels index them by q's rows and heads."""
+    want = [q.shape[0], q.shape[1], v.shape[2]]
+    for name, t, shape, dtypes in (
+        ("do", do, want, FLOAT_DTYPES[:3]),
+        ("out", out, want, FLOAT_DTYPES[:3]),
+        ("lse", lse, [q.shape[1], q.shape[0]], (torch.float32,)),
+    ):
+        if not isinstance(t, Tensor):
+            raise ThdTypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(t).__name__}")
+        if list(t.shape) != shape or t.dtype not in dtypes:
+            raise ThdValueError(
+                f"{fn}: {name}: expected {'/'.join(str(d) for d in dtypes)} of shape {shape}, "
+                f"got {t.dtype} of shape {list(t.shape)}"
+            )
+        if t.device != q.device:
+            raise ThdValueError(f"{fn}: {name} device: expected {q.device} (as q), got {t.device}")

@@ -26,7 +26,7 @@ from thd.layout import check_layout_async
 from thd.layout import validate as validate_layout
 from thd.ops.attention import launch, reference
 from thd.ops.attention.arguments import check_call, resolve_options
-from thd.ops.attention.checks import check_accumulator
+from thd.ops.attention.checks import check_accumulator, check_saved_outputs
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 from thd.ops.lse_merge.reference import merge_partials_reference
 
@@ -138,6 +138,7 @@ def attention_backward(
     selects the bitwise-reproducible backward without atomics.
     """
     check_call("attention_backward", q, k, v, layout, options, sinks)
+    check_saved_outputs("attention_backward", q, v, do, out, lse)
     return _backward(do, q, k, v, out, lse, layout, options, sinks)
 
 

@@ -21,31 +21,20 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from thd.errors import ThdValueError
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
+from thd.ops.attention.spans import clamped_spans as sequence_spans
 
 __all__ = ["attention", "attention_backward", "attention_forward", "sequence_spans"]
 
 
-def sequence_spans(cu_seqlens: Tensor, cu_seqlens_padded: Tensor | None) -> list[tuple[int, int]]:
-    """Host list of ``(start_row, real_length)`` per sequence (one device-to-host copy)."""
-    if cu_seqlens.is_meta or (cu_seqlens_padded is not None and cu_seqlens_padded.is_meta):
-        raise ThdValueError(
-            "reference attention: cu_seqlens device: meta tensors hold no lengths; "
-            "pass them on a real device (or q, k, v on meta too, for shapes only)"
-        )
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-    starts = (cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded)[:-1].tolist()
-    return list(zip(starts, lengths, strict=True))
-
-
 def _spans(
-    q: Tensor, cu_q: Tensor, cu_kv: Tensor, cup_q: Tensor | None, cup_kv: Tensor | None
+    q: Tensor, k: Tensor, cu_q: Tensor, cu_kv: Tensor, cup_q: Tensor | None, cup_kv: Tensor | None
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """Per-sequence spans of both sides; none for meta ``q`` (outputs are shapes only)."""
     if q.is_meta:
         return [], []
-    return sequence_spans(cu_q, cup_q), sequence_spans(cu_kv, cup_kv)
+    rows_q, rows_kv = q.shape[0], k.shape[0]  # spans clamped to the buffers, as the kernels clamp them
+    return sequence_spans(cu_q, cup_q, num_rows=rows_q), sequence_spans(cu_kv, cup_kv, num_rows=rows_kv)
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -159,7 +148,7 @@ def attention(
     anchor = (q[:0].sum() + k[:0].sum() + v[:0].sum()).to(ct)
     out = q.new_zeros(q.shape[0], num_heads, v.shape[-1], dtype=ct) + anchor
     lse = q.new_full((num_heads, q.shape[0]), float("-inf"), dtype=ct)
-    q_spans, kv_spans = _spans(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    q_spans, kv_spans = _spans(q, k, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     diagonals = _diagonals(q_spans, kv_spans, positions_q, positions_kv)
     for (q0, lq), (k0, lk), diagonal in zip(q_spans, kv_spans, diagonals, strict=True):
         if lq == 0:
@@ -234,7 +223,7 @@ def attention_backward(
     dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
     dsinks = None if sinks is None else torch.zeros(num_heads, dtype=torch.float32, device=q.device)
-    q_spans, kv_spans = _spans(q, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    q_spans, kv_spans = _spans(q, k, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
     diagonals = _diagonals(q_spans, kv_spans, layout.positions_q, layout.positions_kv)
     for (q0, lq), (k0, lk), diagonal in zip(q_spans, kv_spans, diagonals, strict=True):
         if lq == 0:
