@@ -356,7 +356,12 @@ def plan_documents(
                     f"{int(tokens[over[0]]) + ring_rows} rows (lengths total {int(lens.sum())}, cp_size {cp})"
                 )
             break
-        ring[candidates[0]] = True  # the costliest document of that rank rides the ring; plan again
+        if over.size:
+            ring[candidates[0]] = True  # the longest document of the full rank rides the ring
+        else:  # the cheapest document whose spreading removes the excess, else the costliest
+            need = (loads[worst] - mean) * cp / max(cp - 1, 1)
+            enough = candidates[doc_cost[candidates] >= need]
+            ring[enough[-1] if enough.size else candidates[0]] = True
     rows = ring_rows + (int(tokens.max()) if cp else 0)
     if capacity is not None:
         rows = capacity
