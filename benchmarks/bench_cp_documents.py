@@ -136,7 +136,9 @@ def measure_planning(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
-def _local_calls(plan: Any, rank: int, heads: int, dim: int, device: torch.device) -> dict[str, Callable[[], object]]:
+def _local_calls(
+    plan: Any, rank: int, heads: int, dim: int, device: torch.device
+) -> dict[str, Callable[[], object]]:
     """This rank's local documents through ``thd.attention`` (forward, forward+backward)."""
     import thd
     from thd.cp import document_layout
@@ -185,7 +187,28 @@ def _linear_calls(tokens: int, hidden: int, device: torch.device) -> dict[str, C
 
 
 def _time(fn: Callable[[], object], args: argparse.Namespace) -> float:
-    return bench_back_to_back(fn, rep_ms=args.rep_ms, trials=args.trials, warmup_calls=args.warmup)["median_ms"]
+    return bench_back_to_back(fn, rep_ms=args.rep_ms, trials=args.trials, warmup_calls=args.warmup)[
+        "median_ms"
+    ]
+
+
+def _rank_times(
+    plan: Any, ring_lengths: list[int], args: argparse.Namespace, device: torch.device
+) -> dict[str, list[dict[str, float]]]:
+    """Per mode, each rank's ms of its local attention, ring region and linear proxy, and their sum."""
+    per_rank: dict[str, list[dict[str, float]]] = {m: [] for m in args.modes}
+    heads, dim, cp = args.heads, args.head_dim, plan.cp_size
+    for rank in range(cp):
+        calls = {
+            "local": _local_calls(plan, rank, heads, dim, device),
+            "ring": _ring_calls(ring_lengths, plan.ring_slots, cp, rank, heads, dim, device),
+            "linear": _linear_calls(plan.rank_tokens[rank], args.hidden, device),
+        }
+        for mode in args.modes:
+            parts = {part: _time(c[mode], args) for part, c in calls.items()}
+            parts["total"] = sum(parts.values())
+            per_rank[mode].append(parts)
+    return per_rank
 
 
 def measure_balance(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -201,19 +224,8 @@ def measure_balance(args: argparse.Namespace) -> list[dict[str, Any]]:
                      "uniform": plan_documents(lengths, cp, cost=cost, ring_threshold=0)}  # fmt: skip
             for name, plan in plans.items():
                 ring_lengths = [lengths[d] for d in plan.ring_documents]
-                per_rank: dict[str, list[dict[str, float]]] = {m: [] for m in args.modes}
                 try:
-                    for rank in range(cp):
-                        calls = {
-                            "local": _local_calls(plan, rank, args.heads, args.head_dim, device),
-                            "ring": _ring_calls(ring_lengths, plan.ring_slots, cp, rank, args.heads, args.head_dim, device),
-                            "linear": _linear_calls(plan.rank_tokens[rank], args.hidden, device),
-                        }  # fmt: skip
-                        for mode in args.modes:
-                            parts = {part: _time(c[mode], args) for part, c in calls.items()}
-                            parts["total"] = sum(parts.values())
-                            per_rank[mode].append(parts)
-                        del calls
+                    per_rank = _rank_times(plan, ring_lengths, args, device)
                 except Exception as exc:  # recorded, never raised: the other cases still run
                     out.append(make_record(op="cp_documents_balance", provider=name, mode="-", status="error",
                                            shape={"mix": mix, "cp": cp}, error=error_text(exc)))  # fmt: skip
@@ -222,8 +234,9 @@ def measure_balance(args: argparse.Namespace) -> list[dict[str, Any]]:
                     totals = [r["total"] for r in ranks]
                     mean = statistics.fmean(totals)
                     out.append({
-                        "part": "balance", "plan": name, "mix": mix, "cp": cp, "mode": mode, "docs": len(lengths),
-                        "tokens_per_rank": args.tokens, "ring_documents": len(plan.ring_documents),
+                        "part": "balance", "plan": name, "mix": mix, "cp": cp, "mode": mode,
+                        "docs": len(lengths), "tokens_per_rank": args.tokens,
+                        "ring_documents": len(plan.ring_documents),
                         "rank_ms": ranks, "max_ms": max(totals), "mean_ms": mean,
                         "max_over_mean": max(totals) / mean if mean > 0 else None,
                         "model_imbalance": plan.imbalance, "buffer_rows": plan.rows,
@@ -247,14 +260,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             entry["batches"] += 1
             entry["max_cost_imbalance"] = max(entry["max_cost_imbalance"], r["cost_imbalance"])
         for entry in table.values():
-            entry["reduction"] = entry["uniform_bytes"] / entry["document_bytes"] if entry["document_bytes"] else None
+            entry["reduction"] = (
+                entry["uniform_bytes"] / entry["document_bytes"] if entry["document_bytes"] else None
+            )
         summary["bytes"] = table
     plan_rows = [r for r in rows if r.get("part") == "planning"]
     if plan_rows:
         summary["planning_max_median_ms"] = max(r["plan_median_ms"] for r in plan_rows)
     bal = [r for r in rows if r.get("part") == "balance"]
     if bal:
-        summary["balance"] = {f"{r['plan']} {r['mix']} cp={r['cp']} {r['mode']}": r["max_over_mean"] for r in bal}
+        summary["balance"] = {
+            f"{r['plan']} {r['mix']} cp={r['cp']} {r['mode']}": r["max_over_mean"] for r in bal
+        }
     return summary
 
 
@@ -271,14 +288,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plan-reps", type=int, default=50)
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--hidden", type=int, default=4096, help="linear proxy: [tokens, hidden] x [hidden, hidden]")
+    parser.add_argument(
+        "--hidden", type=int, default=4096, help="linear proxy: [tokens, hidden] x [hidden, hidden]"
+    )
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--rep-ms", type=float, default=40.0)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3, help="calls before each timing")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--commit", default="", help="commit the code is at (the device copy has no .git)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, short timings")
     args = parser.parse_args(argv)
     if args.parts is None:
