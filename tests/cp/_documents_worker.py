@@ -22,7 +22,7 @@ from torch import Tensor
 import thd.reference
 from tests._helpers import assert_close, assert_rows_equal, tolerance
 
-__all__ = ["Batch", "VARIANTS", "batches", "check_rank", "worker"]
+__all__ = ["VARIANTS", "Batch", "batches", "check_rank", "make_inputs", "oracle", "worker"]
 
 # (causal, window_size, softcap, sinks)
 VARIANTS: tuple[tuple[bool, tuple[int, int], float, bool], ...] = (
@@ -83,7 +83,7 @@ def batches(world: int, seed: int, count: int, *, scale: int = 1) -> list[Batch]
     return out
 
 
-def _inputs(batch: Batch, heads: tuple[int, int, int, int], seed: int, device: str, dtype: torch.dtype):
+def make_inputs(batch: Batch, heads: tuple[int, int, int, int], seed: int, device: str, dtype: torch.dtype):
     hq, hkv, d, dv = heads
     g = torch.Generator().manual_seed(seed)
     shapes = ((hq, d), (hkv, d), (hkv, dv), (hq, dv))
@@ -95,16 +95,24 @@ def _inputs(batch: Batch, heads: tuple[int, int, int, int], seed: int, device: s
     return [t.to(device, dtype) for t in tensors], sinks.to(device, dtype)
 
 
-def _oracle(
-    batch: Batch, qkv: Sequence[Tensor], do: Tensor, sinks: Tensor | None, variant
+def oracle(
+    batch: Batch,
+    qkv: Sequence[Tensor],
+    do: Tensor,
+    sinks: Tensor | None,
+    variant,
+    attention: Callable[..., Any] | None = None,
 ) -> tuple[Tensor, ...]:
+    """``(out, dq, dk, dv, dsinks)`` of single-device attention on the global batch
+    (:func:`thd.reference.attention` unless ``attention`` is given)."""
     causal, window, softcap, _ = variant
     cu, cup = (t.to(do.device) for t in batch.cu())
     leaves = [t.detach().clone().requires_grad_() for t in qkv]
     s = None if sinks is None else sinks.detach().clone().requires_grad_()
-    out = thd.reference.attention(
+    longest = max(batch.lengths, default=0)
+    out = (attention or thd.reference.attention)(
         *leaves, cu, cu, cu_seqlens_q_padded=cup, cu_seqlens_kv_padded=cup, causal=causal,
-        window_size=window, softcap=softcap, sinks=s,
+        window_size=window, softcap=softcap, sinks=s, max_seqlen_q=longest, max_seqlen_kv=longest,
     )  # fmt: skip
     real = batch.real().to(do.device)
     out.backward(torch.where(real[:, None, None], do, 0.0))
@@ -159,8 +167,8 @@ def check_rank(
             batch.lengths, world, ring_threshold=batch.ring_threshold, capacity=plan.rows + batch.spare
         )
     layout = document_layout(plan, rank, device=device, offsets=batch.offsets)
-    (q, k, v, do), sinks = _inputs(batch, heads, seed, device, dtype)
-    want = _oracle(batch, (q, k, v), do, sinks if with_sinks else None, variant)
+    (q, k, v, do), sinks = make_inputs(batch, heads, seed, device, dtype)
+    want = oracle(batch, (q, k, v), do, sinks if with_sinks else None, variant)
     index, real = _gather_index(plan, rank, batch.offsets)
     assert torch.equal(layout.index.cpu()[real], index[real]), (
         f"{label}: layout index differs from the pieces"
@@ -224,8 +232,8 @@ def worker(
                 dist.all_gather(shards, out.contiguous())
                 plan = plan_documents(batch.lengths, world, ring_threshold=batch.ring_threshold)
                 full = unpartition_documents(shards, plan, num_rows=batch.rows, offsets=batch.offsets)
-                (q, k, v, do), _ = _inputs(batch, heads, seed + i, "cpu", torch.float32)
-                want = _oracle(batch, (q, k, v), do, None, VARIANTS[j])[0]
+                (q, k, v, do), _ = make_inputs(batch, heads, seed + i, "cpu", torch.float32)
+                want = oracle(batch, (q, k, v), do, None, VARIANTS[j])[0]
                 real = batch.real()
                 assert_close(
                     full[real], want[real], f"{batch.name} unpartitioned out", **tolerance(torch.float32)
