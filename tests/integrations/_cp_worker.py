@@ -8,6 +8,7 @@ the summed CP losses and gradients, and the reassembled logits, equal the single
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 import torch
 import torch.distributed as dist
@@ -29,9 +30,14 @@ def _check(got: Tensor, want: Tensor, name: str, rel: float | None) -> None:
 
 
 def cp_training_step(
-    rank: int, world: int, families: Sequence[str], layouts: Sequence[Sequence[int]], dtype_name: str
+    rank: int,
+    world: int,
+    families: Sequence[str],
+    layouts: Sequence[Sequence[int]],
+    dtype_name: str,
+    mode: str = "uniform",
 ) -> None:
-    from thd.cp import unpartition
+    from thd.cp import unpartition, unpartition_documents
     from thd.integrations.transformers import register, shard_batch
 
     device = f"cuda:{rank}" if dist.get_backend() == "nccl" else "cpu"
@@ -48,12 +54,12 @@ def cp_training_step(
             want.loss.backward()
 
             model = make_model(family, "thd_cp", dtype=dtype, device=device)
-            shard = shard_batch(batch, dist.group.WORLD)
+            shard = shard_batch(batch, dist.group.WORLD, mode=mode)
             out = model(**shard)
             out.loss.backward()
             loss = out.loss.detach().clone()
             dist.all_reduce(loss)  # each rank holds (its token-loss sum) / (global label count)
-            where = f"{family} {list(lengths)} rank {rank}"
+            where = f"{family} {list(lengths)} {mode} rank {rank}"
             _check(loss, want.loss.detach(), f"{where}: loss", rel)
             for (name, p), (_, q) in zip(model.named_parameters(), base.named_parameters(), strict=True):
                 dist.all_reduce(p.grad)
@@ -62,8 +68,15 @@ def cp_training_step(
             layout = shard["thd_cp_layout"]
             shards = [torch.empty_like(out.logits[0]) for _ in range(world)]
             dist.all_gather(shards, out.logits[0].detach().contiguous())
-            logits = unpartition(shards, layout.cu_seqlens_padded, world)
-            cu, cup = layout.cu_seqlens.tolist(), layout.cu_seqlens_padded.tolist()
+            cu = [0, *accumulate(lengths)]
+            if mode == "documents":
+                if world > 1 and max(lengths) > sum(lengths) / world:
+                    assert layout.plan.ring_documents, f"{where}: expected a document on the ring"
+                logits = unpartition_documents(shards, layout.plan)
+                cup = cu
+            else:
+                logits = unpartition(shards, layout.cu_seqlens_padded, world)
+                cup = layout.cu_seqlens_padded.tolist()
             for d in range(len(lengths)):
                 got = logits[cup[d] : cup[d] + cu[d + 1] - cu[d]]
                 _check(got, want.logits[0, cu[d] : cu[d + 1]].detach(), f"{where}: logits of doc {d}", rel)

@@ -23,6 +23,16 @@ def test_cp_step_matches_single_process_gloo() -> None:
     spawn(cp_training_step, 2, FAMILIES, LAYOUTS, "float32", timeout_s=300)
 
 
+# Document-aware sharding: short documents whole on one rank, the long one (longer than a
+# rank's share) split over the ring; labels shifted per document, num_items_in_batch global.
+DOCUMENT_LAYOUTS = ((5, 17, 1, 9, 12, 60), (8, 12, 4, 3))
+
+
+@pytest.mark.distributed
+def test_document_cp_step_matches_single_process_gloo() -> None:
+    spawn(cp_training_step, 2, ("llama", "gemma2"), DOCUMENT_LAYOUTS, "float32", "documents", timeout_s=300)
+
+
 @pytest.mark.gpu
 @pytest.mark.distributed
 @pytest.mark.skipif(cuda_devices() < 2, reason="needs 2 GPUs")

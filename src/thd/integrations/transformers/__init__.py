@@ -7,10 +7,11 @@ Install with ``pip install 'thd-kernels[transformers]'``; transformers is import
     register()  # "thd" for AttentionInterface and AttentionMaskInterface
     model = AutoModelForCausalLM.from_config(config, attn_implementation="thd")
 
-Context parallelism: ``register(group=cp_group)`` and ``model(**shard_batch(batch, cp_group))``.
+Context parallelism: ``register(group=cp_group)`` and ``model(**shard_batch(batch, cp_group))``
+(``shard_batch(..., mode="documents")``: document-aware, short documents stay on one rank).
 """
 
-from thd.integrations.transformers.cp import LAYOUT_KWARG, CPLayout, shard_batch
+from thd.integrations.transformers.cp import LAYOUT_KWARG, CPLayout, DocumentCPLayout, shard_batch
 from thd.integrations.transformers.register import register
 
-__all__ = ["LAYOUT_KWARG", "CPLayout", "register", "shard_batch"]
+__all__ = ["LAYOUT_KWARG", "CPLayout", "DocumentCPLayout", "register", "shard_batch"]

@@ -7,7 +7,8 @@ keywords of its ``flash_attention_forward``) with
 ``(attn_output [B, S, Hq, Dv], None)``. The rows are flattened to ``[B*S, H, D]`` (a view when
 the projections left them ``[B, S, H, D]`` in memory) and run as one THD call; without a CP
 group through ``thd.attention`` (layout from :mod:`.layout`), with one through
-``thd.cp.ring_attention`` on the global layout that :func:`.cp.shard_batch` puts in the kwargs.
+``thd.cp.ring_attention`` on the global layout that :func:`.cp.shard_batch` puts in the kwargs
+(``thd.cp.document_attention`` for a batch sharded with ``mode="documents"``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from torch import Tensor
 
 import thd
 from thd.errors import ThdValueError
-from thd.integrations.transformers.cp import LAYOUT_KWARG, CPLayout
+from thd.integrations.transformers.cp import LAYOUT_KWARG, CPLayout, DocumentCPLayout
 from thd.integrations.transformers.features import check_unsupported, feature_kwargs
 from thd.integrations.transformers.layout import Layout, resolve_layout
 
@@ -79,6 +80,14 @@ def _local(
     return out
 
 
+def _check_cp_size(cp_size: int, group: dist.ProcessGroup) -> None:
+    if cp_size != dist.get_world_size(group):
+        raise ThdValueError(
+            f"thd attention: the batch was sharded for cp={cp_size}, the registered group has "
+            f"{dist.get_world_size(group)} ranks"
+        )
+
+
 def _ring(
     q: Tensor,
     k: Tensor,
@@ -90,19 +99,23 @@ def _ring(
     scale: float | None,
     features: dict[str, Any],
 ) -> Tensor:
-    from thd.cp import ring_attention
+    from thd.cp import document_attention, ring_attention
 
+    if isinstance(layout, DocumentCPLayout):
+        _check_cp_size(layout.cp_size, group)
+        extra = feature_kwargs(
+            document_attention, causal=causal, longest=lambda: max(layout.plan.lengths, default=0), **features
+        )
+        return document_attention(
+            q, k, v, layout.layout, group=group, causal=causal, softmax_scale=scale, **extra
+        )
     if not isinstance(layout, CPLayout):
         raise ThdValueError(
             f"thd attention: this attention function was registered with a CP group, so every forward "
             f"needs the '{LAYOUT_KWARG}' kwarg: call the model with the inputs of "
             "thd.integrations.transformers.shard_batch(batch, group)"
         )
-    if layout.cp_size != dist.get_world_size(group):
-        raise ThdValueError(
-            f"thd attention: the batch was sharded for cp={layout.cp_size}, the registered group has "
-            f"{dist.get_world_size(group)} ranks"
-        )
+    _check_cp_size(layout.cp_size, group)
     extra = feature_kwargs(ring_attention, causal=causal, longest=lambda: layout.max_seqlen, **features)
     out = ring_attention(
         q,

@@ -9,6 +9,12 @@ token of a document predicts nothing), pads every document at its end to a multi
 model inputs; its :class:`CPLayout` (the global layout) travels to the attention function as
 the ``thd_cp_layout`` kwarg.
 
+``mode="documents"`` shards by a document-aware plan instead (:func:`thd.cp.plan_documents`):
+short documents stay whole on one rank, only the long ones are split in the dual-chunk order and
+ride the ring; the kwarg is then a :class:`DocumentCPLayout` and the registered attention
+function runs :func:`thd.cp.document_attention`. Labels are shifted per document before
+sharding in both modes.
+
 Loss: the model returns ``sum(token losses of this rank) / N`` where ``N`` (the
 ``num_items_in_batch`` input) is the global count of real label tokens; ``all_reduce(SUM)`` over
 the CP group gives the loss of the whole batch, and summing the parameter gradients over the
@@ -28,7 +34,9 @@ from torch import Tensor
 
 from thd.errors import ThdDistributedError, ThdValueError
 
-__all__ = ["LAYOUT_KWARG", "CPLayout", "shard_batch"]
+__all__ = ["LAYOUT_KWARG", "MODES", "CPLayout", "DocumentCPLayout", "shard_batch"]
+
+MODES = ("uniform", "documents")
 
 LAYOUT_KWARG = "thd_cp_layout"
 
@@ -47,6 +55,18 @@ class CPLayout:
     cu_seqlens_padded: Tensor
     max_seqlen: int
     pad_between_seqs: bool
+    cp_size: int
+    cp_rank: int
+    num_label_tokens: int
+
+
+@dataclass(frozen=True, eq=False)
+class DocumentCPLayout:
+    """The document-aware layout of a sharded batch: the plan (identical on every rank), this
+    rank's :class:`thd.cp.DocumentLayout`, and the global count of real label tokens."""
+
+    plan: Any
+    layout: Any
     cp_size: int
     cp_rank: int
     num_label_tokens: int
@@ -105,6 +125,8 @@ def shard_batch(
     ignore_index: int = -100,
     cp_size: int | None = None,
     cp_rank: int | None = None,
+    mode: str = "uniform",
+    plan_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """This rank's shard of a packed batch, as keyword arguments of the model's forward.
 
@@ -118,13 +140,23 @@ def shard_batch(
         pad_token_id: input id of the padding rows (they are never attended to, nor in the loss).
         ignore_index: label of tokens without a target.
         cp_size, cp_rank: shard without a process group (both or neither).
+        mode: ``"uniform"`` (every document split over all ranks, ring attention) or
+            ``"documents"`` (a :func:`thd.cp.plan_documents` plan: local documents whole, long
+            ones on the ring).
+        plan_options: keyword arguments of :func:`thd.cp.plan_documents` (``cost``,
+            ``ring_threshold``, ``capacity``, ``tolerance``) in ``"documents"`` mode.
 
     Returns:
         ``input_ids``, ``position_ids``, ``labels`` and ``shift_labels`` (the same tensor:
         the shifted labels), all ``[1, T_padded / cp]``; ``num_items_in_batch`` (global count of
         real label tokens, so that the model's loss is this rank's share of the global mean);
-        ``use_cache=False``; and ``thd_cp_layout`` (:class:`CPLayout`).
+        ``use_cache=False``; and ``thd_cp_layout`` (:class:`CPLayout`). In ``"documents"`` mode
+        the rows are ``[1, plan.rows]`` and the layout a :class:`DocumentCPLayout`.
     """
+    if mode not in MODES:
+        raise ThdValueError(f"shard_batch: mode: expected one of {MODES}, got {mode!r}")
+    if plan_options is not None and mode != "documents":
+        raise ThdValueError("shard_batch: plan_options: only used with mode='documents'")
     cp, rank = _group_coords(group, cp_size, cp_rank)
     ids = _row(batch["input_ids"], "input_ids")
     length = ids.numel()
@@ -134,6 +166,19 @@ def shard_batch(
         raise ThdValueError("shard_batch: expected a packed batch without padding (attention_mask all ones)")
     ends = _document_ends(batch, length)
     lens = [b - a for a, b in pairwise(ends)]
+    labels = _row(batch.get("labels", batch["input_ids"]), "labels", length)
+    shifted = torch.full_like(labels, ignore_index)
+    shifted[:-1] = labels[1:]
+    nonempty = torch.tensor(
+        [e for e, n in zip(ends[1:], lens, strict=True) if n > 0], dtype=torch.int64, device=ids.device
+    )
+    shifted[nonempty - 1] = ignore_index  # the last token of a document has no target
+    num_items = int((shifted != ignore_index).sum())
+    if mode == "documents":
+        return _shard_documents(
+            batch, ids, shifted, ends, cp, rank, device=device, pad_token_id=pad_token_id,
+            ignore_index=ignore_index, num_items=num_items, plan_options=plan_options or {},
+        )  # fmt: skip
     slots = [-(-n // (2 * cp)) * (2 * cp) for n in lens]
     cup = [0]
     for s in slots:
@@ -143,12 +188,6 @@ def shard_batch(
     doc_of_token = torch.repeat_interleave(docs, torch.tensor(lens, **i64))
     cu_t, cup_t = torch.tensor(ends, **i64), torch.tensor(cup, **i64)
     dest = cup_t[doc_of_token] + torch.arange(length, **i64) - cu_t[doc_of_token]
-
-    labels = _row(batch.get("labels", batch["input_ids"]), "labels", length)
-    shifted = torch.full_like(labels, ignore_index)
-    shifted[:-1] = labels[1:]
-    nonempty = cu_t[1:][torch.tensor(lens, **i64) > 0]
-    shifted[nonempty - 1] = ignore_index  # the last token of a document has no target
 
     slot_of_row = torch.repeat_interleave(docs, torch.tensor(slots, **i64))
     positions = torch.arange(cup[-1], **i64) - cup_t[slot_of_row]
@@ -165,7 +204,6 @@ def shard_batch(
 
     cup32 = cup_t.to(torch.int32)
     local = {k: partition(v, cup32, cp, rank).to(device)[None] for k, v in padded.items()}
-    num_items = int((shifted != ignore_index).sum())
     layout = CPLayout(
         cu_seqlens=torch.tensor(ends, dtype=torch.int32, device=device),
         cu_seqlens_padded=cup32.to(device),
@@ -183,4 +221,49 @@ def shard_batch(
         "num_items_in_batch": torch.tensor(num_items, device=device),
         "use_cache": False,
         LAYOUT_KWARG: layout,
+    }
+
+
+def _shard_documents(
+    batch: Mapping[str, Any],
+    ids: Tensor,
+    shifted: Tensor,
+    ends: list[int],
+    cp: int,
+    rank: int,
+    *,
+    device: torch.device,
+    pad_token_id: int,
+    ignore_index: int,
+    num_items: int,
+    plan_options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """:func:`shard_batch` in ``"documents"`` mode (the batch's rows are the global buffer)."""
+    from thd.cp import document_layout, partition_documents, plan_documents  # on use, as above
+
+    lens = [b - a for a, b in pairwise(ends)]
+    plan = plan_documents(lens, cp, **dict(plan_options))
+    layout = document_layout(plan, rank, device=ids.device, offsets=ends[:-1])
+    if batch.get("position_ids") is not None:
+        positions = partition_documents(
+            _row(batch["position_ids"], "position_ids", ids.numel()).long(), layout
+        )
+    else:
+        positions = layout.positions
+    local = {
+        "input_ids": partition_documents(ids, layout, padding_value=pad_token_id),
+        "position_ids": positions,
+        "shift_labels": partition_documents(shifted.long(), layout, padding_value=ignore_index),
+    }
+    local = {k: v.to(device)[None] for k, v in local.items()}
+    if torch.device(device) != ids.device:
+        layout = document_layout(plan, rank, device=device, offsets=ends[:-1])
+    return {
+        "input_ids": local["input_ids"],
+        "position_ids": local["position_ids"],
+        "labels": local["shift_labels"],
+        "shift_labels": local["shift_labels"],
+        "num_items_in_batch": torch.tensor(num_items, device=device),
+        "use_cache": False,
+        LAYOUT_KWARG: DocumentCPLayout(plan, layout, cp, rank, num_items),
     }

@@ -18,7 +18,8 @@ def register(name: str = "thd", group: dist.ProcessGroup | None = None) -> str:
     ``from_pretrained``) runs every layer that uses the attention interface through thd:
     packed batches (``cu_seq_lens_*`` kwargs or ``position_ids``), right-padded batches (2-D
     ``attention_mask``) and plain ones. With ``group`` the function runs ring attention over
-    that context-parallel group and every forward needs the inputs of :func:`shard_batch`.
+    that context-parallel group and every forward needs the inputs of :func:`shard_batch`
+    (either mode: a ``mode="documents"`` shard runs :func:`thd.cp.document_attention`).
     Registering a name again replaces its functions. Returns ``name``.
     """
     transformers = require_transformers()

@@ -1,0 +1,84 @@
+"""benchmarks/bench_cp_documents.py on CPU: its byte count against the ring's own sends, and a
+tiny end-to-end run of every part (the GPU numbers are in benchmarks/results)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class _CountingComm:
+    """A loopback ring comm (nothing arrives: compute does not depend on it) counting sent bytes."""
+
+    transport = "counting"
+
+    def __init__(self, size: int, rank: int) -> None:
+        self.size, self.rank, self.sent = size, rank, 0
+
+    def send(self, tensor: torch.Tensor, offset: int, tag: int) -> None:
+        self.sent += tensor.numel() * tensor.element_size()
+
+    def recv(self, tensor: torch.Tensor, offset: int, tag: int) -> None:
+        return None
+
+    def start(self, ops: list) -> _CountingComm:
+        return self
+
+    def wait(self) -> None:
+        """Nothing is outstanding."""
+
+
+@pytest.mark.parametrize("cp", [2, 3, 4])
+def test_ring_bytes_match_what_the_ring_sends(cp: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
+    import bench_cp_documents
+    import bench_ring_window
+
+    from thd.cp.ring import RingAttentionFunction
+
+    lengths = [13, 2 * cp * 3, 5]
+    slots = [-(-n // (2 * cp)) * 2 * cp for n in lengths]
+    layout = bench_ring_window.RingLayout(cp, tuple(lengths), tuple(slots))
+    heads, dim = 2, 8
+    sent = 0
+    for rank in range(cp):
+        plan = bench_ring_window.rank_plan(layout, rank, "causal", 0, dim**-0.5, torch.device("cpu"))
+        rows = layout.rows // cp
+        q, k, v, do = (torch.randn(rows, heads, dim, dtype=torch.bfloat16).requires_grad_() for _ in range(4))
+        comm = _CountingComm(cp, rank)
+        out, _ = RingAttentionFunction.apply(q, k, v, None, plan, comm, True)
+        torch.autograd.grad(out, (q, k, v), do)
+        sent += comm.sent
+    assert sent == bench_cp_documents.ring_bytes(layout.rows // cp, cp, kv_heads=heads, head_dim=dim)
+    assert bench_cp_documents.uniform_rows(lengths, cp) == layout.rows // cp
+
+
+def test_quick_run_writes_every_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
+    import bench_cp_documents
+
+    out = tmp_path / "docs.json"
+    argv = ["--out", str(out), "--quick", "--device", "cpu", "--parts", "bytes", "planning", "balance",
+            "--cp", "2", "--mixes", "64-1024", "--modes", "fwd"]  # fmt: skip
+    assert bench_cp_documents.main(argv) == 0
+    payload = json.loads(out.read_text())
+    parts = {r["part"] for r in payload["records"]}
+    tokens = payload["config"]["tokens"]
+    assert parts == {"bytes", "planning", "balance"}
+    for r in payload["records"]:
+        if r["part"] == "bytes":
+            lengths = bench_cp_documents.document_lengths(2 * tokens, "64-1024", 0 + 1000 * 2 + r["seed"])
+            # 2 ranks x 3 exchanges (forward K/V, backward K/V and dK/dV) x rows x 8 heads x (K + V) x bf16
+            assert r["uniform_bytes"] == 2 * 3 * bench_cp_documents.uniform_rows(lengths, 2) * 8 * 256 * 2
+        if r["part"] == "balance":
+            for rank in r["rank_ms"]:
+                assert rank["total"] == pytest.approx(rank["local"] + rank["ring"] + rank["linear"])
+            assert r["max_over_mean"] >= 1.0
+    assert payload["command"].startswith("bench_cp_documents.py --out")

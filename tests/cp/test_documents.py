@@ -1,0 +1,170 @@
+"""Document-aware CP attention (thd.cp.document_attention) on spawned gloo ranks.
+
+Each rank checks its buffer against :func:`thd.reference.attention` on the global batch
+(forward, backward, variants, GQA, NaN-poisoned padding; see :mod:`tests.cp._documents_worker`).
+CI runs 2 and 3 ranks; ``THD_TEST_CP_WORLDS=2,3,4,8`` runs more (8 processes on 2 cores take
+minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from tests._helpers import assert_close, assert_rows_equal, tolerance
+from tests.cp._dist import spawn
+from tests.cp._documents_worker import Batch, make_inputs, oracle, worker
+
+WORLDS = [int(w) for w in os.environ.get("THD_TEST_CP_WORLDS", "2,3").split(",")]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world", WORLDS)
+def test_document_attention_matches_reference_gloo(world: int) -> None:
+    spawn(worker, world, 11 * world, 3, (0, 1, 2, 3), True, timeout_s=150 + 60 * world)
+
+
+# ----------------------------------------------------------------------------- ranks as threads
+
+
+def _build_ring_plan():  # type: ignore[no-untyped-def]
+    """The ring's planner (moving from ``thd.cp.ring`` to ``thd.cp.plan``, issue 22)."""
+    try:
+        from thd.cp.plan import build_plan  # type: ignore[import-not-found]
+    except ImportError:
+        from thd.cp.ring import build_plan
+    return build_plan
+
+
+def _thread_batch(cp: int, tokens: int, seed: int) -> Batch:
+    """1-8k-token documents (scaled by ``tokens``), one as long as all of them together (it
+    rides the ring), slot padding between documents."""
+    rng = random.Random(seed)
+    lo, hi = max(1, tokens // 32), max(2, tokens // 4)
+    short: list[int] = []
+    while sum(short) < cp * tokens // 2:
+        short.append(rng.randint(lo, hi))
+    lengths = [*short[: len(short) // 2], sum(short), *short[len(short) // 2 :]]
+    pads = [rng.choice([0, 0, 1, 7]) for _ in lengths]
+    return Batch(f"threads cp={cp}", tuple(lengths), tuple(pads))
+
+
+def _check_threads(
+    cp: int, batch: Batch, variant, heads, device: str, dtype: torch.dtype, monkeypatch
+) -> None:
+    """Every rank as a thread (:mod:`tests.cp._thread_ring`): the forward through
+    :func:`thd.cp.document_attention` itself (no autograd: the threads would share autograd's
+    device thread), the backward as its two parts, the ring documents through the ring's own
+    backward loop and the local documents through ``thd.attention``; all against the oracle."""
+    import threading
+
+    import thd
+    import thd.cp.ring as ring_mod
+    from tests.cp._thread_ring import run_ranks, run_ring
+    from thd.cp import document_attention, document_layout, partition_documents, plan_documents
+    from thd.cp.checks import check_variants
+
+    causal, window, softcap, with_sinks = variant
+    here = threading.local()
+    monkeypatch.setattr(ring_mod, "resolve_group", lambda fn, group: group)
+    monkeypatch.setattr(ring_mod, "ring_comm", lambda group, like: here.comm)
+    monkeypatch.setattr(ring_mod, "_host_reads_allowed", lambda *args: False)  # no collectives
+    plan = plan_documents(batch.lengths, cp)
+    assert plan.ring_documents and any(plan.local_documents), plan
+    layouts = [document_layout(plan, r, device=device, offsets=batch.offsets) for r in range(cp)]
+    (q, k, v, do), sinks = make_inputs(batch, heads, 7, device, dtype)
+    sinks = sinks if with_sinks else None
+    want = oracle(batch, (q, k, v), do, sinks, variant, thd.attention if device == "cuda" else None)
+    shards = [[partition_documents(t, lay) for t in (q, k, v, do)] for lay in layouts]
+    for rank_shards, lay in zip(shards, layouts, strict=True):
+        for t in rank_shards:
+            t[~lay.valid] = float("nan")  # the buffer's padding is never read
+    kw = {"causal": causal, "window_size": window, "softcap": softcap, "sinks": sinks}
+
+    def forward(rank: int, comm: object) -> torch.Tensor:
+        here.comm = comm
+        with torch.no_grad():
+            return document_attention(*shards[rank][:3], layouts[rank], **kw)
+
+    outs = run_ranks(cp, forward)
+    options = check_variants(q, causal, None, window, softcap, sinks)
+    lay0 = layouts[0]
+    ring_plans = [
+        _build_ring_plan()(
+            lay0.ring_cu_seqlens,
+            lay0.ring_cu_seqlens,
+            lay0.ring_cu_seqlens_padded,
+            lay0.ring_cu_seqlens_padded,
+            cp_size=cp,
+            cp_rank=r,
+            causal=causal,
+            pad_between_seqs=lay0.ring_pad_between_seqs,
+            max_seqlen_q=lay0.ring_max_seqlen,
+            max_seqlen_kv=lay0.ring_max_seqlen,
+            softmax_scale=options.softmax_scale,
+            max_slot_q=None,
+            max_slot_kv=None,
+            window_size=options.window_size,
+            softcap=options.softcap,
+            sinks=sinks is not None,
+            read_layout=False,
+        )
+        for r in range(cp)
+    ]
+    split = plan.ring_rows
+    ring = run_ring(ring_plans, [[t[:split] for t in s] for s in shards], sinks)
+    dsinks = []
+    for rank, lay in enumerate(layouts):
+        label = f"{batch.name} rank={rank} variant={variant}"
+        grads = list(ring[rank][2:5])
+        if ring[rank][5] is not None:
+            dsinks.append(ring[rank][5])
+        if lay.has_local:
+            leaves = [t[split:].detach().clone().requires_grad_() for t in shards[rank][:3]]
+            s = None if sinks is None else sinks.detach().clone().requires_grad_()
+            cu = lay.local_cu_seqlens
+            out = thd.attention(
+                *leaves, cu, cu, cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
+                max_seqlen_q=lay.local_max_seqlen, max_seqlen_kv=lay.local_max_seqlen, **{**kw, "sinks": s},
+            )  # fmt: skip
+            out.backward(shards[rank][3][split:])  # NaN on its padding rows too
+            grads = [torch.cat((g, leaf.grad)) for g, leaf in zip(grads, leaves, strict=True)]
+            if s is not None:
+                dsinks.append(s.grad)
+        else:
+            grads = [torch.cat((g, g.new_zeros(lay.rows - split, *g.shape[1:]))) for g in grads]
+        real = lay.valid
+        mine = lambda t, lay=lay: torch.where(lay.valid.view(-1, 1, 1), t[lay.index], 0.0)
+        for name, g, w in zip(("out", "dq", "dk", "dv"), (outs[rank], *grads), want[:4], strict=True):
+            assert_close(
+                g, mine(w), f"{label}: {name}", **tolerance(dtype, "grad" if name != "out" else "out")
+            )
+            assert_rows_equal(g, ~real, 0.0, f"{label}: {name} padding rows")
+    if sinks is not None:
+        total = torch.stack([d.float() for d in dsinks]).sum(0)
+        assert_close(total, want[4], f"{batch.name}: dsinks", **tolerance(dtype, "grad"))
+
+
+THREAD_VARIANTS = ((True, (-1, -1), 0.0, False), (True, (5, 0), 2.0, True), (False, (-1, -1), 0.0, True))
+
+
+@pytest.mark.parametrize(("cp", "variant"), [(2, THREAD_VARIANTS[1]), (4, THREAD_VARIANTS[2])])
+def test_document_attention_as_threads(cp: int, variant, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same check on the CPU at tiny sizes (torch reference attention)."""
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
+    batch = _thread_batch(cp, 40, seed=cp)
+    _check_threads(cp, batch, variant, (4, 2, 8, 8), "cpu", torch.float32, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_document_attention_as_threads_gpu(cp: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Realistic sizes on one GPU: 16k tokens per rank, half in a document on the ring, GQA, bf16."""
+    variants = ((True, (-1, -1), 0.0, False), (True, (4096, 0), 0.0, True))
+    for i, variant in enumerate(variants):
+        batch = _thread_batch(cp, 16384, seed=cp + i)
+        _check_threads(cp, batch, variant, (16, 4, 128, 128), "cuda", torch.bfloat16, monkeypatch)
