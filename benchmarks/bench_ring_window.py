@@ -4,7 +4,7 @@ With ``window_size=(W, 0)`` the ring runs one launch per (query half, key half) 
 and, when it may read the lengths (``max_seqlen_*`` not given), skips every pair that no real
 query's window reaches. Skipping saves compute only: every K/V block still travels round the
 ring. This script measures that compute on a single GPU by running, for every rank ``r`` of a
-``cp``-rank ring, the schedule rank ``r`` runs (its plan from :func:`thd.cp.ring.build_plan`,
+``cp``-rank ring, the schedule rank ``r`` runs (its plan from :func:`thd.cp.plan.build_plan`,
 the ring's own forward/backward loops and kernels) with the exchanges replaced by a loopback
 that posts nothing (the received buffers are left as allocated: compute time does not depend
 on their values, outputs are not checked here; the ring tests check them). Per rank and mode:
@@ -107,20 +107,26 @@ class LoopbackComm:
 
 
 def rank_plan(layout: RingLayout, rank: int, schedule: str, window: int, scale: float, device: torch.device):  # type: ignore[no-untyped-def]
-    """The :class:`thd.cp.ring.RingPlan` of ``rank`` for ``schedule`` (see the module docstring)."""
-    from thd.cp.ring import build_plan
+    """The :class:`thd.cp.plan.RingPlan` of ``rank`` for ``schedule`` (see the module docstring)."""
+    from thd.cp.plan import PlanRequest, build_plan
+    from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
     cu = bench_ring._cumsum(layout.lengths, device)
     cup = bench_ring._cumsum(layout.slots, device)
     longest = max(layout.lengths)
-    return build_plan(
-        cu, cu, cup, cup, cp_size=layout.cp, cp_rank=rank, causal=True, pad_between_seqs=layout.padded,
-        max_seqlen_q=longest, max_seqlen_kv=longest, softmax_scale=scale,
-        max_slot_q=max(layout.slots) if layout.padded else None,
-        max_slot_kv=max(layout.slots) if layout.padded else None,
-        window_size=(-1, -1) if schedule == "causal" else (window, 0),
+    window_size = (-1, -1) if schedule == "causal" else (window, 0)
+    slot = max(layout.slots) if layout.padded else None
+    request = PlanRequest(
+        VarlenLayout(cu, cu, cup, cup, longest, longest),
+        AttentionOptions(scale, causal=True, window_size=window_size),
+        cp_size=layout.cp,
+        cp_rank=rank,
+        pad_between_seqs=layout.padded,
+        max_slot_q=slot,
+        max_slot_kv=slot,
         read_layout=schedule == "window_skip",
-    )  # fmt: skip
+    )
+    return build_plan(request)
 
 
 def rank_calls(

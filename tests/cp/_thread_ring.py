@@ -116,7 +116,7 @@ def run_ring(
 ) -> list[tuple[Tensor, ...]]:
     """Per rank ``(out, lse, dq, dk, dv, dsinks part)`` of the ring's forward and backward loops.
 
-    ``plans[r]`` is rank ``r``'s :class:`thd.cp.ring.RingPlan`; ``shards[r] = (q, k, v, do)``."""
+    ``plans[r]`` is rank ``r``'s :class:`thd.cp.plan.RingPlan`; ``shards[r] = (q, k, v, do)``."""
     from thd.cp.ring import _forward, _ring_backward
 
     size = len(plans)

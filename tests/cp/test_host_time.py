@@ -57,9 +57,9 @@ def test_wait_reuses_one_event_per_producer_stream(monkeypatch: pytest.MonkeyPat
     _FakeEvent.made = 0
     current, side, other = _FakeStream(1), _FakeStream(2), _FakeStream(3)
     for _ in range(3):
-        comm_mod._wait(side, current)  # fork
-        comm_mod._wait(current, side)  # join
-    comm_mod._wait(side, other)
+        comm_mod.wait_stream(side, current)  # fork
+        comm_mod.wait_stream(current, side)  # join
+    comm_mod.wait_stream(side, other)
     assert _FakeEvent.made == 3  # one per producer stream, never one per wait
     fork = comm_mod._EVENTS[(0, 1)]
     assert fork.recorded_on == [current] * 3 and side.waited[:3] == [fork] * 3

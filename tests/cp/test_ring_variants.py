@@ -28,8 +28,10 @@ from tests._helpers import assert_close, assert_rows_equal, tolerance
 from thd.cp import partition, ring_attention
 from thd.cp import ring as ring_mod
 from thd.cp.checks import check_variants
+from thd.cp.plan import PlanRequest, build_plan
 from thd.cp.reference import simulate_ring_attention
 from thd.errors import ThdTypeError, ThdValueError
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 # ----------------------------------------------------------------------------- layouts
 
@@ -249,17 +251,15 @@ def test_window_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     """Launch counts: no window is one launch per step; a causal window of one chunk on one long
     sequence needs only the pairs of adjacent chunks, with or without reading the layout."""
     _torch_only(monkeypatch)
-    from thd.cp.ring import build_plan
-
     cp, chunk = 4, 16
     cu = torch.tensor([0, 2 * cp * chunk], dtype=torch.int32)
+    layout = VarlenLayout(cu, cu, cu, cu, int(cu[-1]), int(cu[-1]))
 
     def plan(r: int, window, read: bool, causal: bool = True):
+        options = AttentionOptions(1.0, causal, window)
         return build_plan(
-            cu, cu, cu, cu, cp_size=cp, cp_rank=r, causal=causal, pad_between_seqs=False,
-            max_seqlen_q=int(cu[-1]), max_seqlen_kv=int(cu[-1]), softmax_scale=1.0, window_size=window,
-            read_layout=read,
-        )  # fmt: skip
+            PlanRequest(layout, options, cp_size=cp, cp_rank=r, pad_between_seqs=False, read_layout=read)
+        )
 
     for r in range(cp):
         assert [len(s) for s in plan(r, (-1, -1), True).steps] == [1] * cp
@@ -492,25 +492,20 @@ def _check_threads(
     want = _oracle(case, *tensors, sinks, causal, window, softcap)
     (cu_q, cup_q), (cu_kv, cup_kv) = case.cu("q", device), case.cu("kv", device)
     options = check_variants(tensors[0], causal, None, window, softcap, sinks)
+    layout = VarlenLayout(cu_q, cu_kv, cup_q, cup_kv, max(case.lens), max(case.side("kv")[0]))
     plans = [
-        ring_mod.build_plan(
-            cu_q,
-            cu_kv,
-            cup_q,
-            cup_kv,
-            cp_size=cp,
-            cp_rank=rank,
-            causal=causal,
-            pad_between_seqs=case.padded,
-            max_seqlen_q=max(case.lens),
-            max_seqlen_kv=max(case.side("kv")[0]),
-            softmax_scale=options.softmax_scale,
-            max_slot_q=max(case.slots),
-            max_slot_kv=max(case.side("kv")[1]),
-            window_size=options.window_size,
-            softcap=options.softcap,
-            sinks=sinks is not None,
-            read_layout=read_layout,
+        build_plan(
+            PlanRequest(
+                layout,
+                options,
+                cp_size=cp,
+                cp_rank=rank,
+                pad_between_seqs=case.padded,
+                max_slot_q=max(case.slots),
+                max_slot_kv=max(case.side("kv")[1]),
+                sinks=sinks is not None,
+                read_layout=read_layout,
+            )
         )
         for rank in range(cp)
     ]

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from thd.cp import partition, ring_attention
 from thd.cp import transport as tp
+from thd.cp.symm_mem import SymmMemComm
 from thd.errors import ThdValueError
 
 # ----------------------------------------------------------------------------- helpers
@@ -202,7 +203,7 @@ def _worker_selection(rank: int, world: int) -> None:
     assert "numbers of process groups" in comm.reason
 
     # The symmetric-memory exchange layout (no buffer needed to plan it).
-    symm = tp.SymmMemComm(world_group, torch.device("cpu"), None)
+    symm = SymmMemComm(world_group, torch.device("cpu"), None)
     k, v = torch.zeros(5, 2, 8), torch.zeros(5, 2, 4)
     kr, vr = torch.empty_like(k), torch.empty_like(v)
     ops = [symm.send(v, 1, 11), symm.send(k, 1, 10), symm.recv(vr, -1, 11), symm.recv(kr, -1, 10)]

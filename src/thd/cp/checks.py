@@ -4,12 +4,11 @@ check, and value checks that run only where a device-to-host read is allowed."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from thd import layout as _layout
 from thd._capture import is_capturing
-from thd.cp.comm import RingComm
+from thd.cp.comm import RingComm, all_gather_ints
 from thd.errors import ThdDistributedError, ThdValueError
 from thd.ops.attention.arguments import _check_sinks, resolve_options
 from thd.ops.attention.checks import check_layout_tensors, check_max_seqlen, check_qkv
@@ -71,10 +70,9 @@ def check_shards(comm: RingComm, q: Tensor, k: Tensor, v: Tensor, error: Excepti
     """All ranks must pass shards of one shape; a rank whose own checks failed is reported everywhere."""
     dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
     code = dtypes.index(q.dtype) if q.dtype in dtypes else len(dtypes)
-    mine = torch.tensor([*q.shape, *k.shape, v.shape[2], code, int(error is not None)], device=q.device)
-    gathered = [torch.empty_like(mine) for _ in range(comm.size)]
-    dist.all_gather(gathered, mine, group=comm.group)
-    rows = [t.tolist() for t in gathered]
+    rows = all_gather_ints(
+        comm.group, q.device, [*q.shape, *k.shape, v.shape[2], code, int(error is not None)]
+    )
     if error is not None:
         raise error
     failed = [rank for rank, row in enumerate(rows) if row[-1]]

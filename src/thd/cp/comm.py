@@ -44,13 +44,13 @@ from torch import Tensor
 
 from thd.errors import ThdDistributedError
 
-__all__ = ["P2P", "Pending", "RingComm", "resolve_group"]
+__all__ = ["P2P", "Pending", "RingComm", "all_gather_ints", "resolve_group", "side_stream", "wait_stream"]
 
 _SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
 _EVENTS: dict[tuple[int, int], torch.cuda.Event] = {}
 
 
-def _side_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream | None:
+def side_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream | None:
     """The cached communication stream of a CUDA device and priority (lower is more urgent;
     ``THD_CP_SIDE_STREAM=0`` disables the side stream of the NCCL/gloo transport)."""
     if device.type != "cuda" or (priority == 0 and os.environ.get("THD_CP_SIDE_STREAM", "1") == "0"):
@@ -63,7 +63,7 @@ def _side_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream |
     return stream
 
 
-def _wait(waiter: torch.cuda.Stream, producer: torch.cuda.Stream) -> None:
+def wait_stream(waiter: torch.cuda.Stream, producer: torch.cuda.Stream) -> None:
     """``waiter.wait_stream(producer)`` through the cached event of ``producer`` (one per
     (device, stream), never a new one per call)."""
     key = (producer.device_index, producer.cuda_stream)
@@ -74,6 +74,15 @@ def _wait(waiter: torch.cuda.Stream, producer: torch.cuda.Stream) -> None:
         event = _EVENTS[key] = torch.cuda.Event()
     event.record(producer)
     waiter.wait_event(event)
+
+
+def all_gather_ints(group: dist.ProcessGroup, device: torch.device, values: Sequence[int]) -> list[list[int]]:
+    """Every member's ``values`` (same length on every rank), by group rank: one small
+    ``all_gather`` over ``group`` and one device-to-host read."""
+    mine = torch.tensor(list(values), dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    return torch.stack(gathered).tolist()
 
 
 class P2P:
@@ -132,7 +141,9 @@ class Pending:
             work.wait()
         if self.stream is not None:
             current = self.current
-            _wait(torch.cuda.current_stream(self.stream.device) if current is None else current, self.stream)
+            wait_stream(
+                torch.cuda.current_stream(self.stream.device) if current is None else current, self.stream
+            )
         self.works.clear()
         self.tensors.clear()
         self.stream = self.current = None
@@ -161,8 +172,8 @@ class RingComm:
         self.reason = reason
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self._global = [dist.get_global_rank(group, r) for r in range(self.size)]
-        self._p2p_rank = {g: dist.get_group_rank(self.p2p_group, g) for g in self._global}
+        self.global_ranks = [dist.get_global_rank(group, r) for r in range(self.size)]
+        self._p2p_rank = {g: dist.get_group_rank(self.p2p_group, g) for g in self.global_ranks}
         self._coalesce: bool | None = None  # whether the lean coalesced NCCL path applies (per device type)
 
     def __repr__(self) -> str:
@@ -170,15 +181,19 @@ class RingComm:
 
     def peer(self, offset: int) -> int:
         """Global rank of the group member ``offset`` places after this one (mod size)."""
-        return self._global[(self.rank + offset) % self.size]
+        return self.global_ranks[(self.rank + offset) % self.size]
 
     def send(self, tensor: Tensor, offset: int, tag: int) -> P2P:
         """An isend of ``tensor`` to the member ``offset`` places away (``+1`` next, ``-1`` previous)."""
-        return P2P(dist.isend, tensor, self._global[(self.rank + offset) % self.size], self.p2p_group, tag)
+        return P2P(
+            dist.isend, tensor, self.global_ranks[(self.rank + offset) % self.size], self.p2p_group, tag
+        )
 
     def recv(self, tensor: Tensor, offset: int, tag: int) -> P2P:
         """An irecv into ``tensor`` from the member ``offset`` places away."""
-        return P2P(dist.irecv, tensor, self._global[(self.rank + offset) % self.size], self.p2p_group, tag)
+        return P2P(
+            dist.irecv, tensor, self.global_ranks[(self.rank + offset) % self.size], self.p2p_group, tag
+        )
 
     def start(self, ops: Sequence[P2P | dist.P2POp]) -> Pending:
         """Post ``ops`` as one batch (one NCCL group); returns the :class:`Pending` handle."""
@@ -186,11 +201,11 @@ class RingComm:
             return Pending()
         tensors = [op.tensor for op in ops]
         device = tensors[0].device
-        stream = _side_stream(device)
+        stream = side_stream(device)
         if stream is None:
             return Pending(self._post(ops, device), tensors)
         current = torch.cuda.current_stream(device)
-        _wait(stream, current)  # buffers produced/freed by queued work are safe; forks under capture
+        wait_stream(stream, current)  # buffers produced/freed by queued work are safe; forks under capture
         if current.device_index != torch.cuda.current_device():
             with torch.cuda.stream(stream):  # another device's stream: the context switches devices
                 works = self._post(ops, device)

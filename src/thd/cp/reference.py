@@ -1,7 +1,7 @@
 """Single-process simulation of every rank of the ring: an oracle for the ring's schedule.
 
 :func:`simulate_ring_attention` partitions a global batch, builds each rank's
-:class:`~thd.cp.ring.RingPlan`, and runs every launch of every (rank, K/V block) step of the
+:class:`~thd.cp.plan.RingPlan`, and runs every launch of every (rank, K/V block) step of the
 forward and the backward with the same launch arguments as :mod:`thd.cp.ring` (layouts,
 positions, skipped window pairs, the launches that carry the sinks), but without any
 communication (the K/V block of rank ``j`` is read directly, and each block's dK/dV is summed
@@ -19,7 +19,9 @@ import torch
 from torch import Tensor
 
 from thd.cp.partition import partition, unpartition
-from thd.cp.ring import RingPlan, build_plan
+from thd.cp.plan import PlanRequest, RingPlan, build_plan
+from thd.cp.ring import launch_backward, launch_forward
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
 from thd.ops.lse_merge import merge_partials
 
 __all__ = ["SimulatedRing", "simulate_ring_attention"]
@@ -70,32 +72,35 @@ def simulate_ring_attention(
     """Run the ring's per-rank launches for all ``cp_size`` ranks on the global ``q, k, v``.
 
     ``q, k, v`` and ``do`` (optional; enables the backward) are global ``[T, H, D]`` buffers
-    laid out by ``cu_seqlens_*_padded``. ``read_layout`` is :func:`~thd.cp.ring.build_plan`'s
+    laid out by ``cu_seqlens_*_padded``. ``read_layout`` is :class:`~thd.cp.plan.PlanRequest`'s
     (``True``: window pairs skipped from the layout's values, as on the validated path;
     ``False``: only those ruled out whatever the lengths, as under capture). Returns per-rank
     shards of ``out``, ``lse`` and, with ``do``, ``dq, dk, dv`` (and ``dsinks`` parts).
     """
     cp = cp_size
     scale = float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale)
+    layout = VarlenLayout(
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        cu_seqlens_q_padded,
+        cu_seqlens_kv_padded,
+        max_seqlen_q=_max_len(cu_seqlens_q),
+        max_seqlen_kv=_max_len(cu_seqlens_kv),
+    )
+    options = AttentionOptions(scale, causal, tuple(window_size), softcap)  # type: ignore[arg-type]
     plans = [
         build_plan(
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            cu_seqlens_q_padded,
-            cu_seqlens_kv_padded,
-            cp_size=cp,
-            cp_rank=r,
-            causal=causal,
-            pad_between_seqs=pad_between_seqs,
-            max_seqlen_q=_max_len(cu_seqlens_q),
-            max_seqlen_kv=_max_len(cu_seqlens_kv),
-            softmax_scale=scale,
-            max_slot_q=_max_len(cu_seqlens_q_padded) if r % 2 else None,  # both bound paths
-            max_slot_kv=_max_len(cu_seqlens_kv_padded) if r % 2 else None,
-            window_size=window_size,
-            softcap=softcap,
-            sinks=sinks is not None,
-            read_layout=read_layout,
+            PlanRequest(
+                layout,
+                options,
+                cp_size=cp,
+                cp_rank=r,
+                pad_between_seqs=pad_between_seqs,
+                max_slot_q=_max_len(cu_seqlens_q_padded) if r % 2 else None,  # both bound paths
+                max_slot_kv=_max_len(cu_seqlens_kv_padded) if r % 2 else None,
+                sinks=sinks is not None,
+                read_layout=read_layout,
+            )
         )
         for r in range(cp)
     ]
@@ -105,7 +110,7 @@ def simulate_ring_attention(
     outs, lses = [], []
     for r, plan in enumerate(plans):
         parts = [
-            launch.forward(qs[r], ks[j], vs[j], plan.options, sinks)
+            launch_forward(launch, qs[r], ks[j], vs[j], plan.options, sinks)
             for j in ((r - i) % cp for i in range(cp))
             for launch in plan.steps[j]
         ]
@@ -125,8 +130,8 @@ def simulate_ring_attention(
     for r, plan in enumerate(plans):
         for j in range(cp):
             for launch in plan.steps[j]:
-                dq, dk, dv, ds = launch.backward(
-                    dos[r], qs[r], ks[j], vs[j], outs[r], lses[r], plan.options, sinks
+                dq, dk, dv, ds = launch_backward(
+                    launch, dos[r], qs[r], ks[j], vs[j], outs[r], lses[r], plan.options, sinks
                 )
                 dqs[r] += dq
                 dks[j] += dk

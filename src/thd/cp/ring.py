@@ -12,6 +12,10 @@ no key has reached), so no separate merge pass runs. Backward runs the ring the 
 and the partial dK/dV of each K/V block travels with it, so each rank ends with the complete
 gradient of its own block.
 
+Which launches each step runs is planned by :func:`thd.cp.plan.build_plan` (pure index math,
+no process group); this module runs the plan: the exchange loops, the autograd Function and the
+public API.
+
 Halves are never copied. Padding sits at the end of a slot, so the real rows of each half of a
 local slot are a prefix of that half: the first half of KV_j is the local slot offsets with
 first-half counts, and the second half of the queries is described by offsets at the half
@@ -40,7 +44,6 @@ whole sequences is dropped and the call runs the plain schedule.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -57,11 +60,19 @@ from thd.cp.checks import (
     resolve_max_seqlen,
 )
 from thd.cp.comm import P2P, RingComm, resolve_group
+from thd.cp.plan import Launch, PlanRequest, RingPlan, build_plan
 from thd.cp.transport import ring_comm
 from thd.errors import ThdError
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
-__all__ = ["Launch", "RingPlan", "build_plan", "path_counts", "ring_attention", "window_counts"]
+__all__ = [
+    "RingAttentionFunction",
+    "launch_backward",
+    "launch_forward",
+    "path_counts",
+    "ring_attention",
+    "window_counts",
+]
 
 path_counts: Counter[str] = Counter()
 """Calls per count path: ``"rank_counts"`` (exact, from :func:`thd.cp.rank_cu_seqlens`),
@@ -132,339 +143,50 @@ def _tag(step: int, kind: int) -> int:
     return 4 * step + 2 * kind
 
 
-_CAUSAL: dict[AttentionOptions, AttentionOptions] = {}  # base options -> with the other causal flag
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One attention kernel call of a ring step: its layout, whether it is causal, and whether
-    it carries the sink term (forward) and returns ``dsinks`` (backward)."""
-
-    layout: VarlenLayout
-    causal: bool
-    sinks: bool = False
-
-    def _options(self, base: AttentionOptions) -> AttentionOptions:
-        if base.causal == self.causal:
-            return base
-        options = _CAUSAL.get(base)  # by value: calls with the same options share one entry
-        if options is None:
-            if len(_CAUSAL) >= 64:
-                _CAUSAL.clear()
-            options = _CAUSAL[base] = replace(base, causal=self.causal)
-        return options
-
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        options: AttentionOptions,
-        sinks: Tensor | None = None,
-        accumulate: tuple[Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``, zeros / ``-inf`` outside this launch's rows;
-        with ``accumulate`` this launch is merged into that partial result in place instead.
-        ``sinks`` is used only when this launch carries them."""
-        return _attention("_forward")(
-            q, k, v, self.layout, self._options(options), sinks if self.sinks else None, accumulate
-        )
-
-    def backward(
-        self,
-        do: Tensor,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        out: Tensor,
-        lse: Tensor,
-        options: AttentionOptions,
-        sinks: Tensor | None = None,
-        accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """``(dq, dk, dv, dsinks)`` of this launch from the merged ``out`` and ``lse``; ``dsinks``
-        (over this launch's real query rows) only when it carries the sinks. With
-        ``accumulate=(dq, dk, dv)`` (fp32) the gradients are added into those buffers instead."""
-        return _attention("_backward")(
-            do,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            self.layout,
-            self._options(options),
-            sinks if self.sinks else None,
-            accumulate,
-        )
-
-
-def _launch(
-    cu_q: Tensor,
-    cu_kv: Tensor,
-    cup_q: Tensor,
-    cup_kv: Tensor,
-    max_q: int,
-    max_kv: int,
-    causal: bool,
-    sinks: bool = False,
-) -> tuple[Launch]:
-    """A step of one launch (the plain schedule)."""
-    return (Launch(VarlenLayout(cu_q, cu_kv, cup_q, cup_kv, max_q, max_kv), causal, sinks),)
-
-
-@dataclass(frozen=True)
-class RingPlan:
-    """Everything a rank needs for one call, built once by :func:`build_plan`.
-
-    ``steps[j]`` are the kernel launches for the K/V block of rank ``j`` (one in the plain
-    schedule; one per needed (query half, key half) pair with a window, possibly none);
-    ``cu_seqlens_*_local`` are the real-row counts of this rank's own local slots and
-    ``cu_seqlens_*_padded_local`` their offsets (used for the padding cleanup). ``windowed``:
-    every launch accumulates into a result allocated as ``(0, -inf)``. ``pairs`` / ``skipped``:
-    the windowed schedule's launches without skipping, and how many of them were skipped.
-    """
-
-    cp_size: int
-    cp_rank: int
-    pad: bool
-    exact: bool
-    options: AttentionOptions
-    steps: tuple[tuple[Launch, ...], ...]
-    cu_seqlens_q_local: Tensor
-    cu_seqlens_q_padded_local: Tensor
-    cu_seqlens_kv_local: Tensor
-    cu_seqlens_kv_padded_local: Tensor
-    windowed: bool = False
-    pairs: int = 0
-    skipped: int = 0
-
-    @property
-    def launches(self) -> int:
-        """Kernel launches of the forward (the backward has as many)."""
-        return sum(len(step) for step in self.steps)
-
-
-def _chunk_positions(cu_q: Tensor, cu_kv: Tensor, cup: Tensor, cp: int, aligned: bool) -> Tensor:
-    """int32 ``[2cp, B+1]``: row ``c`` is ``[0, *first position of chunk c of each slot]`` (the
-    leading 0 belongs to the leading empty sequence of the half layouts). Positions are on the
-    key axis: key chunk ``c`` starts at ``c * slot_b / 2cp``; with ``aligned`` a query chunk is
-    shifted by ``Lk_b - Lq_b`` (bottom-right alignment). Device-side, a few small ops."""
-    chunk = torch.div(cup[1:] - cup[:-1], 2 * cp, rounding_mode="floor")
-    index = torch.arange(2 * cp, dtype=cup.dtype, device=cup.device)[:, None]
-    start = index * chunk[None, :]
-    if aligned:
-        start = start + ((cu_kv[1:] - cu_kv[:-1]) - (cu_q[1:] - cu_q[:-1]))[None, :]
-    out = cup.new_zeros(2 * cp, cup.shape[0])
-    out[:, 1:] = start
-    return out
-
-
-def _survey(
-    cu_q: Tensor, cup_q: Tensor, cu_kv: Tensor, cup_kv: Tensor, cp: int, r: int, window: tuple[int, int]
-) -> tuple[int, int, list[list[bool]], list[bool]]:
-    """One device-to-host read: the largest real lengths, which (query chunk, key chunk) pairs of
-    rank ``r`` some real query's window reaches (``[2][2cp]``: its chunks ``r``, ``2cp-1-r``
-    against every key chunk), and which of its query halves hold real rows."""
-    left, right = window
-    lq, lk = (cu_q[1:] - cu_q[:-1]).long(), (cu_kv[1:] - cu_kv[:-1]).long()
-    cq = torch.div(cup_q[1:] - cup_q[:-1], 2 * cp, rounding_mode="floor").long()
-    ck = torch.div(cup_kv[1:] - cup_kv[:-1], 2 * cp, rounding_mode="floor").long()
-    a = torch.tensor([r, 2 * cp - 1 - r], device=cu_q.device)[:, None, None]  # query chunks
-    c = torch.arange(2 * cp, device=cu_q.device)[None, :, None]  # key chunks
-    nq = torch.minimum((lq - a * cq).clamp(min=0), cq)  # real query rows of chunk a: [2, 1, B]
-    nk = torch.minimum((lk - c * ck).clamp(min=0), ck)  # [1, 2cp, B]
-    q_lo = a * cq + (lk - lq)  # key-axis position of the chunk's first query
-    k_lo = c * ck
-    seen = (nq > 0) & (nk > 0)
-    if left >= 0:  # the chunk's last key is not left of the window of its first query
-        seen = seen & (k_lo + nk - 1 >= q_lo - left)
-    if right >= 0:  # the chunk's first key is not right of the window of its last query
-        seen = seen & (k_lo <= q_lo + nq - 1 + right)
-    longest = torch.stack(
-        (lq.max() if lq.numel() else lq.new_zeros(()), lk.max() if lk.numel() else lk.new_zeros(()))
-    )
-    host = torch.cat((longest, seen.any(-1).flatten().long(), (nq > 0).any(-1).flatten().long())).tolist()
-    pairs = [[bool(x) for x in host[2 + h * 2 * cp : 2 + (h + 1) * 2 * cp]] for h in range(2)]
-    return int(host[0]), int(host[1]), pairs, [bool(x) for x in host[-2:]]
-
-
-def _structural_pairs(cp: int, r: int, window: tuple[int, int], same_layout: bool) -> list[list[bool]]:
-    """The pairs that may be reached by some window whatever the lengths: chunks ``d`` apart hold
-    keys at least ``(|d| - 1) * c + 1 >= |d|`` positions from every query (chunk length ``c >=
-    1``), so a side of the window narrower than ``|d|`` rules them out (causal: ``right = 0``).
-    Only for identical q and kv layouts; otherwise every pair may be needed."""
-    left, right = window
-    pairs = []
-    for a in (r, 2 * cp - 1 - r):
-        row = []
-        for c in range(2 * cp):
-            side = right if c > a else left
-            row.append(not (same_layout and side >= 0 and abs(c - a) > side))
-        pairs.append(row)
-    return pairs
-
-
-def build_plan(
-    cu_seqlens_q: Tensor,
-    cu_seqlens_kv: Tensor,
-    cu_seqlens_q_padded: Tensor,
-    cu_seqlens_kv_padded: Tensor,
-    *,
-    cp_size: int,
-    cp_rank: int,
-    causal: bool,
-    pad_between_seqs: bool,
-    max_seqlen_q: int,
-    max_seqlen_kv: int,
-    softmax_scale: float,
-    max_slot_q: int | None = None,
-    max_slot_kv: int | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    sinks: bool = False,
-    read_layout: bool = False,
-) -> RingPlan:
-    """Per-step counts, offsets and length bounds of rank ``cp_rank`` (device-side, no sync).
-
-    ``cu_seqlens_*`` are the global real counts, ``cu_seqlens_*_padded`` the global slot offsets
-    and ``max_seqlen_*`` the largest global real lengths. The bounds only size the kernel grids
-    (the kernels stride over any rows beyond them, so a low bound costs time, never
-    correctness). Without padding every chunk is full and they are ``max_seqlen // cp``
-    (``// 2cp`` for halves). With padding a chunk holds at most ``min(max_seqlen, slot // 2cp)``
-    real rows: with the largest slot ``max_slot_*`` known that is the bound; otherwise slots are
-    assumed to be the lengths rounded up to ``2cp`` (the usual padding), which is exact for
-    them and only an estimate when a short sequence sits in a much longer slot.
-
-    ``window_size`` (checked, as for :func:`thd.attention`) with cp > 1 builds the windowed
-    schedule: one launch per (query half, key half) pair, placed by positions. ``sinks``: the
-    call has sinks (they go with the first step, or with each query half's diagonal pair).
-    ``read_layout`` allows one device-to-host read (only with a window, cp > 1) that skips
-    every pair no real query's window reaches and drops a window that covers every sequence;
-    without it only the pairs ruled out whatever the lengths are skipped.
-    """
-    cu_q, cu_kv, cup_q, cup_kv = cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded
-    cp, r = cp_size, cp_rank
-    options = AttentionOptions(softmax_scale, False, tuple(window_size), softcap)  # type: ignore[arg-type]
-    if cp == 1:
-        steps = (_launch(cu_q, cu_kv, cup_q, cup_kv, max_seqlen_q, max_seqlen_kv, causal, sinks),)
-        return RingPlan(1, 0, pad_between_seqs, True, options, steps, cu_q, cup_q, cu_kv, cup_kv)
-    exact = pad_between_seqs
-
-    def bounds(longest: int, slot: int | None) -> tuple[int, int]:
-        if not exact:
-            return longest // cp, longest // (2 * cp)
-        if slot is None:
-            slot = -(-longest // (2 * cp)) * (2 * cp)
-        return min(longest, slot // cp), min(longest, slot // (2 * cp))
-
-    mq, mq_half = bounds(max_seqlen_q, max_slot_q)
-    mkv, mkv_half = bounds(max_seqlen_kv, max_slot_kv)
-    # Every table below is a view of one or two ring_plan_tables results (one launch each):
-    # row h*cp + j holds [0, *counts of rank j] (h: both halves, first, second), row 3cp
-    # [0, *local slot offsets], row 3cp+1 [0, *local second-half starts, end]; [1:] drops the
-    # leading 0, the full row is the same table after one leading empty sequence.
-    from thd.ops.ring_plan import ring_plan_tables  # on use: the op's reference imports thd.cp
-
-    tq = ring_plan_tables(cu_q, cup_q, cp, exact=exact)
-    same_kv = cu_kv is cu_q and cup_kv is cup_q
-    tkv = tq if same_kv else ring_plan_tables(cu_kv, cup_kv, cp, exact=exact)
-    cupl_q, cupl_kv = tq[3 * cp, 1:], tkv[3 * cp, 1:]
-    full_q = tq[r, 1:]
-    local = (full_q, cupl_q, tkv[r, 1:], cupl_kv)
-    window = (options.window_left, -1 if causal else options.window_right)
-    pairs: list[list[bool]] | None = None
-    sink_chunks = [r, 2 * cp - 1 - r]  # per query half, the key chunk whose launch carries the sinks
-    if window != (-1, -1):
-        if read_layout:
-            longest_q, longest_kv, pairs, has_rows = _survey(cu_q, cup_q, cu_kv, cup_kv, cp, r, window)
-            left = -1 if window[0] >= longest_kv - 1 else window[0]  # reaches every key: no bound
-            right = -1 if window[1] >= longest_q - 1 else window[1]
-            if (left, right) == (-1, -1):
-                window, pairs = (-1, -1), None
-                options = replace(options, window_size=(-1, -1))
-            elif sinks:  # the sink goes with a launched pair of each query half with real rows
-                for h, a in enumerate((r, 2 * cp - 1 - r)):
-                    if pairs[h][a]:
-                        continue  # the diagonal pair runs (always, for equal q/kv layouts)
-                    reached = [c for c in range(2 * cp) if pairs[h][c] and not (causal and c > a)]
-                    if reached:
-                        sink_chunks[h] = reached[0]
-                    elif has_rows[h]:  # its queries reach no key at all: one launch for the sink
-                        pairs[h][a] = True
-        else:
-            pairs = _structural_pairs(cp, r, (window[0], 0 if causal else window[1]), causal or same_kv)
-    if pairs is not None:
-        return _windowed_plan(
-            cu_q, cu_kv, cup_q, cup_kv, tq, tkv, pairs, cp, r, causal,
-            sink_chunks if sinks else None, options, pad_between_seqs, mq_half, mkv_half, local,
-        )  # fmt: skip
-    # No window left, or causal=True with window_size=(-1, 0): the plain ring. Its off-diagonal
-    # launches are not causal, so a right bound kept in the options would mask their keys by
-    # each launch's own bottom-right alignment.
-    options = replace(options, window_size=(-1, -1))
-    steps: list[tuple[Launch, ...]] = []
-    if not causal:
-        for j in range(cp):
-            steps.append(_launch(full_q, tkv[j, 1:], cupl_q, cupl_kv, mq, mkv, False, sinks and j == r))
-    else:
-        second_q, second_q_padded, kv_padded_shifted = tq[2 * cp + r], tq[3 * cp + 1], tkv[3 * cp]
-        for j in range(cp):
-            if j == r:
-                step = _launch(full_q, full_q, cupl_q, cupl_kv, mq, mkv, True, sinks)
-            elif j < r:
-                step = _launch(full_q, tkv[cp + j, 1:], cupl_q, cupl_kv, mq, mkv_half, False)
-            else:
-                step = _launch(second_q, tkv[j], second_q_padded, kv_padded_shifted, mq_half, mkv, False)
-            steps.append(step)
-    return RingPlan(cp, r, pad_between_seqs, exact, options, tuple(steps), *local)
-
-
-def _windowed_plan(
-    cu_q: Tensor,
-    cu_kv: Tensor,
-    cup_q: Tensor,
-    cup_kv: Tensor,
-    tq: Tensor,
-    tkv: Tensor,
-    pairs: list[list[bool]],
-    cp: int,
-    r: int,
-    causal: bool,
-    sink_chunks: list[int] | None,
+def launch_forward(
+    launch: Launch,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
     options: AttentionOptions,
-    pad: bool,
-    mq_half: int,
-    mkv_half: int,
-    local: tuple[Tensor, Tensor, Tensor, Tensor],
-) -> RingPlan:
-    """One launch per needed (query half, key half) pair of every step. Half layouts have one
-    leading empty sequence (full table rows), so both halves of either side share one form;
-    positions put chunk ``c`` of slot ``b`` at ``c * slot_b / 2cp`` on the key axis.
-    ``sink_chunks`` (``None`` without sinks): per query half, the key chunk of its launch that
-    carries the sinks."""
-    pos_kv = _chunk_positions(cu_q, cu_kv, cup_kv, cp, aligned=False)
-    same = cu_kv is cu_q and cup_kv is cup_q
-    pos_q = pos_kv if same else _chunk_positions(cu_q, cu_kv, cup_q, cp, aligned=True)
-    # (chunk, counts, offsets) of each half: chunk r / 2cp-1-r, first / second half tables.
-    q_halves = ((r, tq[cp + r], tq[3 * cp]), (2 * cp - 1 - r, tq[2 * cp + r], tq[3 * cp + 1]))
-    steps: list[tuple[Launch, ...]] = []
-    total = 0
-    for j in range(cp):
-        launches = []
-        kv_halves = ((j, tkv[cp + j], tkv[3 * cp]), (2 * cp - 1 - j, tkv[2 * cp + j], tkv[3 * cp + 1]))
-        for h, (a, cu_a, cup_a) in enumerate(q_halves):
-            for c, cu_c, cup_c in kv_halves:
-                if causal and c > a:
-                    continue  # not a pair of the causal schedule at all
-                total += 1
-                if not pairs[h][c]:
-                    continue
-                layout = VarlenLayout(cu_a, cu_c, cup_a, cup_c, mq_half, mkv_half, pos_q[a], pos_kv[c])
-                launches.append(Launch(layout, causal, sink_chunks is not None and c == sink_chunks[h]))
-        steps.append(tuple(launches))
-    plan = RingPlan(cp, r, pad, pad, options, tuple(steps), *local, windowed=True, pairs=total)
-    return replace(plan, skipped=total - plan.launches)
+    sinks: Tensor | None = None,
+    accumulate: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)`` of one launch, zeros / ``-inf`` outside its rows;
+    with ``accumulate`` the launch is merged into that partial result in place instead.
+    ``sinks`` is used only when the launch carries them."""
+    return _attention("_forward")(
+        q, k, v, launch.layout, launch.launch_options(options), sinks if launch.sinks else None, accumulate
+    )
+
+
+def launch_backward(
+    launch: Launch,
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
+    accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``(dq, dk, dv, dsinks)`` of one launch from the merged ``out`` and ``lse``; ``dsinks``
+    (over the launch's real query rows) only when it carries the sinks. With
+    ``accumulate=(dq, dk, dv)`` (fp32) the gradients are added into those buffers instead."""
+    return _attention("_backward")(
+        do,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        launch.layout,
+        launch.launch_options(options),
+        sinks if launch.sinks else None,
+        accumulate,
+    )
 
 
 def _exchange(
@@ -494,10 +216,10 @@ def _forward_step(
     result (kept in fp32 when ``fp32``)."""
     for launch in launches:
         if acc is None:
-            out, lse = launch.forward(q, k, v, options, sinks)
+            out, lse = launch_forward(launch, q, k, v, options, sinks)
             acc = (out.float() if fp32 else out), lse
         else:
-            launch.forward(q, k, v, options, sinks, accumulate=acc)
+            launch_forward(launch, q, k, v, options, sinks, accumulate=acc)
     return acc
 
 
@@ -555,14 +277,14 @@ def _backward_step(
     input dtypes; ``dq`` is then ``dq_acc`` and ``dsinks`` the fp32 sum of the launches' parts."""
     if dq_acc is None:
         (launch,) = launches
-        return launch.backward(do, q, k, v, out, lse, options, sinks)
+        return launch_backward(launch, do, q, k, v, out, lse, options, sinks)
     if not launches:
         return None, None, None, None
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     dsinks = None
     for launch in launches:
-        ds_i = launch.backward(do, q, k, v, out, lse, options, sinks, accumulate=(dq_acc, dk, dv))[3]
+        ds_i = launch_backward(launch, do, q, k, v, out, lse, options, sinks, accumulate=(dq_acc, dk, dv))[3]
         if ds_i is not None:
             dsinks = ds_i.float() if dsinks is None else dsinks.add_(ds_i)
     return dq_acc, dk.to(k.dtype), dv.to(v.dtype), dsinks
@@ -637,7 +359,7 @@ def _ring_backward(
 def _single_forward(
     q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None, plan: RingPlan
 ) -> tuple[Tensor, Tensor]:
-    out, lse = plan.steps[0][0].forward(q, k, v, plan.options, sinks)
+    out, lse = launch_forward(plan.steps[0][0], q, k, v, plan.options, sinks)
     _clean_padding(plan, out)
     return out, lse
 
@@ -680,7 +402,8 @@ class RingAttentionFunction(torch.autograd.Function):
         dout = dout.contiguous()
         q, k, v, out, lse, sinks = ctx.saved_tensors  # type: ignore[attr-defined]
         if plan.cp_size == 1:
-            dq, dk, dv, dsinks = plan.steps[0][0].backward(dout, q, k, v, out, lse, plan.options, sinks)
+            (single,) = plan.steps[0]
+            dq, dk, dv, dsinks = launch_backward(single, dout, q, k, v, out, lse, plan.options, sinks)
             _clean_padding(plan, grads=(dq, dk, dv))
         else:  # k, v: the K/V of rank r + 1, where the reverse ring starts
             dq, dk, dv, dsinks = _ring_backward(dout, q, k, v, out, lse, sinks, plan, ctx.comm, ctx.overlap)  # type: ignore[attr-defined]
@@ -818,25 +541,27 @@ def ring_attention(
     pad = _resolve_pad(pad_between_seqs, cu_seqlens_q, cu_seqlens_q_padded, cp)
     if pad_between_seqs is None and not pad:
         pad = _resolve_pad(None, cu_seqlens_kv, cu_seqlens_kv_padded, cp)
-    plan = build_plan(
+    max_slots = sync_ok and pad and cp > 1  # the largest slots tighten the grid bounds: one read each
+    layout = VarlenLayout(
         cu_seqlens_q,
         cu_seqlens_kv,
         cup_q,
         cup_kv,
-        cp_size=cp,
-        cp_rank=comm.rank,
-        causal=bool(causal),
-        pad_between_seqs=pad,
         max_seqlen_q=resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
         max_seqlen_kv=resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
-        softmax_scale=options.softmax_scale,
-        max_slot_q=max_len(cup_q) if sync_ok and pad and cp > 1 else None,
-        max_slot_kv=max_len(cup_kv) if sync_ok and pad and cp > 1 else None,
-        window_size=options.window_size,
-        softcap=options.softcap,
+    )
+    request = PlanRequest(
+        layout,
+        options,
+        cp_size=cp,
+        cp_rank=comm.rank,
+        pad_between_seqs=pad,
+        max_slot_q=max_len(cup_q) if max_slots else None,
+        max_slot_kv=max_len(cup_kv) if max_slots else None,
         sinks=sinks is not None,
         read_layout=sync_ok,
     )
+    plan = build_plan(request)
     path_counts["single" if cp == 1 else "rank_counts" if plan.exact else "fast"] += 1
     if cp > 1 and (options.window_left >= 0 or (not causal and options.window_size[1] >= 0)):
         window_counts["calls"] += 1

@@ -12,8 +12,8 @@
 - ``symm-mem``: copy-engine transfers through ``torch.distributed._symmetric_memory``: the sender
   copies its tensors into a symmetric buffer, and after a barrier the receiver pulls them from
   the peer's buffer with ``copy_`` (a DMA, no SMs) on a high-priority side stream, followed by a
-  second barrier. Exchanges it cannot take (a buffer that would have to grow during CUDA-graph
-  capture) go through the group as given.
+  second barrier (:mod:`thd.cp.symm_mem`). Exchanges it cannot take (a buffer that would have
+  to grow during CUDA-graph capture) go through the group as given.
 
 ``THD_CP_TRANSPORT`` = ``auto`` (default: :data:`AUTO`) | ``nccl`` | ``nccl-high-priority`` |
 ``symm-mem`` overrides the choice. It must be the same on every rank; if the ranks disagree, they
@@ -46,21 +46,20 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from thd._capture import is_capturing
-from thd.cp.comm import P2P, Pending, RingComm, _side_stream, _wait
+from thd.cp.comm import RingComm, all_gather_ints
+from thd.cp.symm_mem import symm_mem_comm, unavailable_reason
 from thd.errors import ThdValueError
 
-__all__ = ["AUTO", "TRANSPORTS", "clear_cache", "requested_transport", "ring_comm"]
+__all__ = ["AUTO", "TRANSPORTS", "RankFacts", "clear_cache", "requested_transport", "ring_comm"]
 
 log = logging.getLogger("thd.cp")
 
@@ -203,38 +202,52 @@ def _select(group: dist.ProcessGroup, device: torch.device, mode: str) -> tuple[
             _announce(comm, mode)
         return comm, False
     want = AUTO if mode == "auto" else mode
-    symm_error = _symm_mem_unavailable(device) if want == "symm-mem" else None
-    facts = [_CODES[want], _known_groups(), probe.bound, probe.high_priority, symm_error is None]
-    rows = _all_gather_rows(group, device, [int(f) for f in facts])
-    if any(row[0] != rows[0][0] for row in rows):
-        got = {r: TRANSPORTS[row[0]] for r, row in enumerate(rows)}
+    symm_error = unavailable_reason(device) if want == "symm-mem" else None
+    mine = RankFacts(_CODES[want], _known_groups(), probe.bound, probe.high_priority, symm_error is None)
+    facts = _gather_facts(group, device, mine)
+    if any(f.wanted != facts[0].wanted for f in facts):
+        got = {r: TRANSPORTS[f.wanted] for r, f in enumerate(facts)}
         why = f"ranks want different transports {got} (set {ENV} alike on every rank): the group as given"
         return _announce(RingComm(group, transport="nccl", reason=why), mode, warn=True), True
     if want == "nccl":
         why = f"{ENV}={mode}: the group as given"
         return _announce(RingComm(group, transport="nccl", reason=why), mode), True
     if want == "symm-mem":
-        if all(row[4] for row in rows):
-            comm_or_error = _symm_mem_comm(group, device, probe, rows)
+        if all(f.symm_mem for f in facts):
+            comm_or_error = symm_mem_comm(group, device, probe.timeout)
             if isinstance(comm_or_error, RingComm):
                 return _announce(comm_or_error, mode), True
             symm_error = comm_or_error
-        failed = [r for r, row in enumerate(rows) if not row[4]]
+        failed = [r for r, f in enumerate(facts) if not f.symm_mem]
         why = symm_error or f"symmetric memory unavailable on group ranks {failed}"
         log.info("thd.cp: symm-mem transport unavailable (%s); falling back to nccl-high-priority", why)
-    if all(row[3] for row in rows):
+    if all(f.high_priority for f in facts):
         why = "the group already uses high-priority NCCL streams: as given"
         return _announce(RingComm(group, transport="nccl-high-priority", reason=why), mode), True
-    comm = _derive(group, device, probe, rows)
+    comm = _derive(group, device, probe, facts)
     return _announce(comm, mode, warn=comm.transport == "nccl"), True
 
 
-def _all_gather_rows(group: dist.ProcessGroup, device: torch.device, facts: Sequence[int]) -> list[list[int]]:
-    """Every member's ``facts`` (one small all_gather over ``group`` and one host read)."""
-    mine = torch.tensor(list(facts), dtype=torch.int64, device=device)
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, mine, group=group)
-    return torch.stack(gathered).tolist()
+class RankFacts(NamedTuple):
+    """What one member of a group tells the others before a transport is chosen (one row of
+    the selection's ``all_gather``), so that every member takes the same branch."""
+
+    wanted: int
+    """Index in :data:`TRANSPORTS` of the transport this rank asks for (``auto`` resolved)."""
+    known_groups: int
+    """Process groups this rank has registered (a local-sync group name needs them equal)."""
+    bound: bool
+    """The default group is bound to a device (derive by ``split_group``)."""
+    high_priority: bool
+    """The group already runs high-priority NCCL streams."""
+    symm_mem: bool
+    """A local symmetric-memory allocation works (only asked for ``symm-mem``)."""
+
+
+def _gather_facts(group: dist.ProcessGroup, device: torch.device, mine: RankFacts) -> list[RankFacts]:
+    """Every member's :class:`RankFacts`, by group rank."""
+    rows = all_gather_ints(group, device, [int(x) for x in mine])
+    return [RankFacts(row[0], row[1], bool(row[2]), bool(row[3]), bool(row[4])) for row in rows]
 
 
 def _high_priority_options() -> Any:
@@ -242,23 +255,25 @@ def _high_priority_options() -> Any:
     return None if cls is None else cls.Options(is_high_priority_stream=True)
 
 
-def _derive(group: dist.ProcessGroup, device: torch.device, probe: _Probe, rows: list[list[int]]) -> RingComm:
+def _derive(
+    group: dist.ProcessGroup, device: torch.device, probe: _Probe, facts: list[RankFacts]
+) -> RingComm:
     """A high-priority communicator with the members of ``group``, or ``group`` itself (logged)
     when it cannot be made the same way on every rank."""
     size = dist.get_world_size(group)
     ranks = [dist.get_global_rank(group, r) for r in range(size)]
-    bound = all(row[2] for row in rows)
+    bound = all(f.bound for f in facts)
     split = bound and hasattr(dist, "split_group")
-    if not split and any(row[2] for row in rows):
+    if not split and any(f.bound for f in facts):
         reason = (
             "the default group is bound to a device (on some ranks only, or this torch has no "
             "split_group), where a new NCCL group would split the job's whole communicator: as given"
         )
         return RingComm(group, transport="nccl", reason=reason)
-    if not split and any(row[1] != rows[0][1] for row in rows):
+    if not split and any(f.known_groups != facts[0].known_groups for f in facts):
         reason = (
             "the ranks know different numbers of process groups "
-            f"({[row[1] for row in rows]}), so a new group could not rendezvous: the group as given"
+            f"({[f.known_groups for f in facts]}), so a new group could not rendezvous: the group as given"
         )
         return RingComm(group, transport="nccl", reason=reason)
     try:
@@ -296,139 +311,3 @@ def _announce(comm: RingComm, mode: str, *, warn: bool = False) -> RingComm:
     log.log(level, "thd.cp: ring transport for group %s (%d ranks): %s -- %s [%s=%s]",
             name, comm.size, comm.transport, comm.reason, ENV, mode)  # fmt: skip
     return comm
-
-
-# ----------------------------------------------------------------------------- symmetric memory
-
-
-def _symm_mem_unavailable(device: torch.device) -> str | None:
-    """Why symmetric memory cannot be used on this rank (None: a local allocation works)."""
-    if device.type != "cuda":
-        return "needs CUDA tensors"
-    try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        buf = symm_mem.empty(4096, dtype=torch.uint8, device=device)
-        del buf
-    except Exception as exc:
-        return f"cannot allocate symmetric memory ({type(exc).__name__}: {exc})"
-    return None
-
-
-def _symm_mem_comm(
-    group: dist.ProcessGroup, device: torch.device, probe: _Probe, rows: list[list[int]]
-) -> RingComm | str:
-    """A :class:`SymmMemComm` with a first buffer rendezvoused on every rank, or why not."""
-    del rows
-    comm = SymmMemComm(group, device, probe.timeout)
-    error = None
-    try:
-        comm.reserve(1 << 20)
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    ok = _all_gather_rows(group, device, [int(error is None)])
-    if all(row[0] for row in ok):
-        return comm
-    failed = [r for r, row in enumerate(ok) if not row[0]]
-    return error or f"symmetric-memory rendezvous failed on group ranks {failed}"
-
-
-_ALIGN = 512
-
-
-class SymmMemComm(RingComm):
-    """Pull transfers through one symmetric buffer per group (copy engines, not SMs).
-
-    An exchange whose sends all go to one peer and whose receives all come from one peer (every
-    ring exchange) runs on a high-priority side stream: copy the sends into this rank's buffer
-    (in tag order), barrier, copy the matching slices of the source peer's buffer into the
-    receive tensors, barrier. The first barrier publishes every rank's data, the second tells
-    each rank its buffer has been read, so one buffer serves all exchanges. Any other batch, or
-    one that needs a bigger buffer during CUDA-graph capture, goes through the group as given.
-    """
-
-    def __init__(self, group: dist.ProcessGroup, device: torch.device, timeout: timedelta | None) -> None:
-        super().__init__(group, transport="symm-mem", reason="copy-engine pulls from peer symmetric buffers")
-        self.device = device
-        self.timeout_ms = int((timeout or timedelta(minutes=10)).total_seconds() * 1000)
-        self._buf: Tensor | None = None
-        self._handle: Any = None
-        self._views: dict[int, Tensor] = {}
-
-    @property
-    def capacity(self) -> int:
-        return 0 if self._buf is None else self._buf.numel()
-
-    def reserve(self, nbytes: int) -> None:
-        """Grow the symmetric buffer to at least ``nbytes`` (collective: all ranks at once, eager)."""
-        if nbytes <= self.capacity:
-            return
-        import torch.distributed._symmetric_memory as symm_mem
-
-        nbytes = -(-nbytes // (1 << 20)) * (1 << 20)
-        stream = _side_stream(self.device, priority=-1)
-        if stream is not None:
-            stream.synchronize()  # the old buffer is no longer read or written by this rank
-        name = self.group.group_name
-        enabled = getattr(symm_mem, "is_symm_mem_enabled_for_group", None)
-        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-        needed = enable is not None and not hasattr(enable, "__deprecated__")  # older torch only
-        if needed and enabled is not None and not enabled(name):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                enable(name)
-        buf = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
-        handle = symm_mem.rendezvous(buf, name)
-        self._buf, self._handle = buf, handle
-        self._views = {r: handle.get_buffer(r, (nbytes,), torch.uint8) for r in range(self.size)}
-
-    def start(self, ops: Sequence[P2P | dist.P2POp]) -> Pending:
-        if not ops:
-            return Pending()
-        plan = self._plan(ops)
-        if plan is None:
-            return super().start(ops)
-        sends, recvs, offsets, total, src = plan
-        if total > self.capacity:
-            if is_capturing():
-                return super().start(ops)
-            self.reserve(total)
-        stream = _side_stream(self.device, priority=-1)
-        assert stream is not None and self._handle is not None
-        current = torch.cuda.current_stream(self.device)
-        _wait(stream, current)
-        mine, theirs = self._buf, self._views[src]
-        assert mine is not None
-        with torch.cuda.stream(stream):
-            for op, off in zip(sends, offsets, strict=True):
-                _slice(mine, off, op.tensor).copy_(op.tensor)
-            self._handle.barrier(channel=0, timeout_ms=self.timeout_ms)
-            for op, off in zip(recvs, offsets, strict=True):
-                op.tensor.copy_(_slice(theirs, off, op.tensor))
-            self._handle.barrier(channel=0, timeout_ms=self.timeout_ms)
-        return Pending([], [op.tensor for op in ops], stream, current)
-
-    def _plan(self, ops: Sequence[P2P | dist.P2POp]) -> tuple[list, list, list[int], int, int] | None:
-        """Sends and receives in tag order with their buffer offsets and the source group rank,
-        or None when the batch is not a one-peer-each-way exchange of matching tensors."""
-        sends = sorted((op for op in ops if op.op is dist.isend), key=lambda op: op.tag)
-        recvs = sorted((op for op in ops if op.op is not dist.isend), key=lambda op: op.tag)
-        if not sends or len(sends) != len(recvs) or len({op.peer for op in sends}) != 1:
-            return None
-        if len({op.peer for op in recvs}) != 1:
-            return None
-        offsets, total = [], 0
-        for s, r in zip(sends, recvs, strict=True):
-            # Only facts that are the same on every rank decide, so all ranks take the same path.
-            if s.tag != r.tag or s.tensor.shape != r.tensor.shape or s.tensor.dtype != r.tensor.dtype:
-                return None
-            offsets.append(total)
-            total += -(-s.tensor.numel() * s.tensor.element_size() // _ALIGN) * _ALIGN
-        src = self._global.index(recvs[0].peer)
-        return sends, recvs, offsets, total, src
-
-
-def _slice(buf: Tensor, offset: int, like: Tensor) -> Tensor:
-    """The bytes of ``buf`` at ``offset`` viewed as a contiguous tensor shaped like ``like``."""
-    nbytes = like.numel() * like.element_size()
-    return buf[offset : offset + nbytes].view(like.dtype).view(like.shape)
