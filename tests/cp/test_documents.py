@@ -30,15 +30,6 @@ def test_document_attention_matches_reference_gloo(world: int) -> None:
 # ----------------------------------------------------------------------------- ranks as threads
 
 
-def _build_ring_plan():  # type: ignore[no-untyped-def]
-    """The ring's planner (moving from ``thd.cp.ring`` to ``thd.cp.plan``, issue 22)."""
-    try:
-        from thd.cp.plan import build_plan  # type: ignore[import-not-found]
-    except ImportError:
-        from thd.cp.ring import build_plan
-    return build_plan
-
-
 def _thread_batch(cp: int, tokens: int, seed: int) -> Batch:
     """1-8k-token documents (scaled by ``tokens``), one as long as all of them together (it
     rides the ring), slot padding between documents."""
@@ -66,6 +57,8 @@ def _check_threads(
     from tests.cp._thread_ring import run_ranks, run_ring
     from thd.cp import document_attention, document_layout, partition_documents, plan_documents
     from thd.cp.checks import check_variants
+    from thd.cp.plan import PlanRequest, build_plan
+    from thd.ops.attention.params import VarlenLayout
 
     causal, window, softcap, with_sinks = variant
     here = threading.local()
@@ -92,25 +85,24 @@ def _check_threads(
     outs = run_ranks(cp, forward)
     options = check_variants(q, causal, None, window, softcap, sinks)
     lay0 = layouts[0]
+    ring_layout = VarlenLayout(
+        lay0.ring_cu_seqlens,
+        lay0.ring_cu_seqlens,
+        lay0.ring_cu_seqlens_padded,
+        lay0.ring_cu_seqlens_padded,
+        lay0.ring_max_seqlen,
+        lay0.ring_max_seqlen,
+    )
     ring_plans = [
-        _build_ring_plan()(
-            lay0.ring_cu_seqlens,
-            lay0.ring_cu_seqlens,
-            lay0.ring_cu_seqlens_padded,
-            lay0.ring_cu_seqlens_padded,
-            cp_size=cp,
-            cp_rank=r,
-            causal=causal,
-            pad_between_seqs=lay0.ring_pad_between_seqs,
-            max_seqlen_q=lay0.ring_max_seqlen,
-            max_seqlen_kv=lay0.ring_max_seqlen,
-            softmax_scale=options.softmax_scale,
-            max_slot_q=None,
-            max_slot_kv=None,
-            window_size=options.window_size,
-            softcap=options.softcap,
-            sinks=sinks is not None,
-            read_layout=False,
+        build_plan(
+            PlanRequest(
+                ring_layout,
+                options,
+                cp_size=cp,
+                cp_rank=r,
+                pad_between_seqs=lay0.ring_pad_between_seqs,
+                sinks=sinks is not None,
+            )
         )
         for r in range(cp)
     ]
