@@ -1,9 +1,10 @@
 """Benchmark: the Gluon sm_90 attention backward against the tl backward, same inputs, one run.
 
 bf16, 16 heads, causal, packed documents of uniform random length in [512, 8192] filling 32k
-tokens, head dims 128 and 64. One tl forward gives ``out`` / ``lse``; each backward
-(``thd.ops.attention.launch.backward`` and ``thd.ops.attention.gluon.backward.backward``, default
-atomic dQ and deterministic) is then called back to back between one pair of CUDA events.
+tokens, head dims 128 and 64. One tl forward gives ``out`` / ``lse``; each backward (:data:`PROVIDERS`:
+``thd.ops.attention.launch.backward``, and ``thd.ops.attention.gluon.backward.backward`` with its
+default split dQ, with fp32 atomic dQ, and with two consumer partitions) is then called back to back
+between one pair of CUDA events; each record also holds its relative difference to the tl gradients.
 TFLOP/s count the backward as 2.5x the causal forward on real tokens.
 
     python benchmarks/bench_gluon_bwd.py --out benchmarks/results/gluon-bwd.json
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,31 +43,68 @@ def _inputs(lengths: list[int], heads: int, dim: int) -> tuple[Any, ...]:
     return q, k, v, do, layout
 
 
-def run(tokens: int, heads: int, dims: list[int], rep_ms: float, seed: int) -> list[dict[str, Any]]:
+# provider -> (ATOMIC_DQ, tile table) of the Gluon backward; None: the tl backward
+PROVIDERS: dict[str, tuple[bool, dict] | None] = {
+    "tl": None,
+    "gluon": (False, dict(gluon_backward.TILES)),
+    "gluon-atomic-dq": (True, dict(gluon_backward.TILES)),
+    "gluon-2-consumers": (False, {**gluon_backward.TILES, **gluon_backward.TWO_CONSUMER_TILES}),
+}
+
+
+def _provider(name: str) -> Callable[..., tuple]:
+    setting = PROVIDERS[name]
+    if setting is None:
+        return launch.backward
+    atomic, tiles = setting
+
+    def call(*args: object) -> tuple:
+        gluon_backward.ATOMIC_DQ, gluon_backward.TILES = atomic, tiles
+        return gluon_backward.backward(*args)
+
+    return call
+
+
+def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def run(
+    tokens: int, heads: int, dims: list[int], rep_ms: float, seed: int, providers: list[str]
+) -> list[dict[str, Any]]:
     records = []
     lengths = document_lengths(tokens, 512, 8192, seed)
     for dim in dims:
         q, k, v, do, layout = _inputs(lengths, heads, dim)
         shape = {"tokens": tokens, "docs": "512-8192", "heads": heads, "head_dim": dim, "causal": True}
         flops = attention_flops(lengths, lengths, heads, dim, causal=True, mode="bwd")
-        for deterministic in (False, True):
-            options = AttentionOptions(dim**-0.5, causal=True, deterministic=deterministic)
-            out, lse = launch.forward(q, k, v, layout, options)
-            backends = {"tl": launch.backward, "gluon": gluon_backward.backward}
-            for provider, fn in backends.items():
-                args = (do, q, k, v, out, lse, layout, options)
-                timing = bench_back_to_back(functools.partial(fn, *args), rep_ms=rep_ms)
-                mode = "bwd-deterministic" if deterministic else "bwd"
-                records.append(
-                    make_record(
-                        op="attention", provider=provider, mode=mode, shape=shape, flops=flops, timing=timing
-                    )
-                )
-                print(
-                    f"D{dim} {mode:18s} {provider:6s} {timing['median_ms']:.3f} ms "
-                    f"{records[-1]['tflops']:.0f} TFLOP/s",
-                    flush=True,
-                )
+        options = AttentionOptions(dim**-0.5, causal=True)
+        out, lse = launch.forward(q, k, v, layout, options)
+        args = (do, q, k, v, out, lse, layout, options)
+        reference = launch.backward(*args)
+        for provider in providers:
+            fn = functools.partial(_provider(provider), *args)
+            grads = fn()
+            diff = {
+                name: _rel_diff(g, r)
+                for name, g, r in zip(("dq", "dk", "dv"), grads, reference, strict=False)
+            }
+            timing = bench_back_to_back(fn, rep_ms=rep_ms)
+            record = make_record(
+                op="attention",
+                provider=provider,
+                mode="bwd",
+                shape=shape,
+                flops=flops,
+                timing=timing,
+                rel_diff_vs_tl=diff,
+            )
+            records.append(record)
+            print(
+                f"D{dim} {provider:18s} {timing['median_ms']:.3f} ms {record['tflops']:.0f} TFLOP/s "
+                f"rel diff vs tl {max(diff.values()):.1e}",
+                flush=True,
+            )
     return records
 
 
@@ -75,21 +115,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dims", type=int, nargs="+", default=[128, 64])
     parser.add_argument("--rep-ms", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--providers", nargs="+", choices=list(PROVIDERS), default=list(PROVIDERS))
     parser.add_argument("--out", default="benchmarks/results/gluon-bwd.json")
     args = parser.parse_args(argv)
-    records = run(args.tokens, args.heads, args.dims, args.rep_ms, args.seed)
+    records = run(args.tokens, args.heads, args.dims, args.rep_ms, args.seed, args.providers)
     ratios = {}
     for r in records:
-        if r["provider"] == "gluon":
+        if r["provider"] != "tl":
             base = next(
                 t
                 for t in records
                 if t["provider"] == "tl" and t["mode"] == r["mode"] and t["shape"] == r["shape"]
             )
-            ratios[f"D{r['shape']['head_dim']}-{r['mode']}"] = base["median_ms"] / r["median_ms"]
+            ratios[f"D{r['shape']['head_dim']}-{r['provider']}"] = base["median_ms"] / r["median_ms"]
     payload = {
         "benchmark": "gluon_bwd",
         "command": command_line(),
+        "code_commit": os.environ.get("THD_CODE_COMMIT", "unknown"),
         "env": env_fingerprint(),
         "config": vars(args),
         "records": records,

@@ -144,6 +144,8 @@ def _dkdv(head_dim: int, dtype: str = "bf16", **flags: object) -> tuple[str, lis
         "BLOCK_N": 128,
         "NUM_STAGES": 2,
         "NUM_WARPS": 8,
+        "NUM_CONSUMERS": 1,
+        "CONSUMER_REGS": 240,
         "PRODUCER_REGS": 24,
     }
     meta.update(flags)
@@ -165,6 +167,8 @@ def _dq(head_dim: int, dtype: str = "bf16", **flags: object) -> tuple[str, list[
         "BLOCK_N": 64,
         "NUM_STAGES": 2,
         "NUM_WARPS": 8,
+        "NUM_CONSUMERS": 1,
+        "CONSUMER_REGS": 240,
         "PRODUCER_REGS": 24,
     }
     meta.update(flags)
@@ -177,9 +181,15 @@ CONFIGS = {
     "dkdv-d64": _dkdv(64),
     "dkdv-d128-fp16-gqa-window": _dkdv(128, "fp16", GROUP=4, HAS_LEFT=True),
     "dkdv-d64-split": _dkdv(64, DQ_ATOMIC=False, HAS_RIGHT=False),
+    "dkdv-d128-split": _dkdv(128, DQ_ATOMIC=False),
     "dkdv-d128-accumulate": _dkdv(128, ACCUMULATE=True, HAS_POSITIONS=True),
     "dq-d128": _dq(128),
     "dq-d64": _dq(64, HAS_RIGHT=False),
+    "dkdv-d128-2wg": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2),
+    "dkdv-d64-2wg-split": _dkdv(64, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False),
+    "dkdv-d128-2wg-split": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False, NUM_STAGES=3),
+    "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
+    "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
 }
 
 

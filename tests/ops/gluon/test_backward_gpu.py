@@ -3,8 +3,10 @@
 (``thd.ops.attention.launch.backward``) on the same ``out`` / ``lse``.
 
 Layouts: packed and padded slots with spare capacity, padding rows of q, k, v (and out, dO) NaN;
-gradients must match on real rows and be exact zeros on padding rows. The deterministic path must
-be bitwise reproducible; the default (atomic dQ) path need not.
+gradients must match on real rows and be exact zeros on padding rows. Both dQ paths run (fp32
+atomics from the dK/dV kernel, forced through ``ATOMIC_DQ``; its own kernel, the default and the
+deterministic path, which must be bitwise reproducible), and both consumer structures (one
+8-warp partition, the default tiles; two 4-warp partitions, ``TWO_CONSUMER_TILES``).
 """
 
 from __future__ import annotations
@@ -105,6 +107,16 @@ def _both(do, q, k, v, out, lse, varlen, options, **kwargs):
     return got, tl_grads
 
 
+@pytest.fixture
+def atomic_dq(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gluon_backward, "ATOMIC_DQ", True)
+
+
+@pytest.fixture
+def two_consumers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gluon_backward, "TILES", dict(gluon_backward.TWO_CONSUMER_TILES))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize(
@@ -117,7 +129,10 @@ def _both(do, q, k, v, out, lse, varlen, options, **kwargs):
         ("cross", False, 64, (4, 4)),
     ],
 )
-def test_gradients_match_reference_and_tl(layout_name, causal, dim, heads, deterministic, dtype) -> None:
+def test_gradients_match_reference_and_tl(
+    layout_name, causal, dim, heads, deterministic, dtype, monkeypatch
+) -> None:
+    monkeypatch.setattr(gluon_backward, "ATOMIC_DQ", not deterministic)
     layout = LAYOUTS[layout_name]
     options = AttentionOptions(dim**-0.5, causal=causal, deterministic=deterministic)
     q, k, v, do, out, lse, varlen = _case(layout, heads, dim, dtype, options)
@@ -142,6 +157,7 @@ def test_window_and_sinks(window) -> None:
     torch.testing.assert_close(got[3].float(), ref["dsinks"], atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.usefixtures("atomic_dq")
 def test_accumulate_adds_on_real_rows_only() -> None:
     layout = LAYOUTS["padded"]
     options = AttentionOptions(128**-0.5, causal=True)
@@ -204,6 +220,7 @@ def test_nan_in_a_real_row_propagates() -> None:
     assert not bool(dk[:300].isnan().any()), "NaN leaked into another sequence"
 
 
+@pytest.mark.usefixtures("atomic_dq")
 def test_no_host_sync(no_host_reads) -> None:
     layout = LAYOUTS["padded"]
     options = AttentionOptions(64**-0.5, causal=True)
@@ -211,3 +228,24 @@ def test_no_host_sync(no_host_reads) -> None:
     for deterministic in (False, True):
         opts = AttentionOptions(options.softmax_scale, causal=True, deterministic=deterministic)
         gluon_backward.backward(do, q, k, v, out, lse, varlen, opts)
+
+
+@pytest.mark.usefixtures("two_consumers")
+@pytest.mark.parametrize(
+    ("layout_name", "causal", "window", "dim", "heads"),
+    [
+        ("padded", True, (-1, -1), 64, (8, 2)),
+        ("padded", True, (-1, -1), 128, (4, 4)),
+        ("cross", False, (-1, -1), 128, (4, 1)),
+        ("padded", False, (37, 200), 64, (4, 2)),
+    ],
+)
+def test_two_consumer_partitions(layout_name, causal, window, dim, heads) -> None:
+    layout = LAYOUTS[layout_name]
+    options = AttentionOptions(dim**-0.5, causal=causal, window_size=window)
+    q, k, v, do, out, lse, varlen = _case(layout, heads, dim, torch.bfloat16, options)
+    got, tl_grads = _both(do, q, k, v, out, lse, varlen, options)
+    _check(layout, got, tl_grads, _reference_grads(q, k, v, do, layout, options))
+    again = gluon_backward.backward(do, q, k, v, out, lse, varlen, options)
+    for name, a, b in zip(GRADS, got[:3], again[:3], strict=True):
+        assert torch.equal(a, b), f"{name} not reproducible"

@@ -19,7 +19,7 @@ from triton.runtime import _allocation
 from thd.ops.attention.gluon._bwd_compat import HAS_GLUON_HOPPER
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
-__all__ = ["DKDV_TILE", "DQ_TILE", "GluonTile", "backward", "supports_backward"]
+__all__ = ["ATOMIC_DQ", "TILES", "GluonTile", "backward", "supports_backward"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 HEAD_DIMS = (64, 128)
@@ -28,14 +28,21 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class GluonTile:
-    """Rows per tile (``block_m`` queries, ``block_n`` keys), consumer warps (two warpgroups at 8),
-    TMA ring stages, and the registers the one-warp producer keeps (the rest go to the consumers)."""
+    """Rows per tile (``block_m`` queries, ``block_n`` keys), consumer partitions (1: one of 8 warps,
+    i.e. two warpgroups running the same code; 2: two 4-warp partitions, each its half of the tile,
+    ordered only by the ring's mbarriers), TMA ring stages, and the registers of the one-warp
+    producer and of the second consumer partition (the first gets what is left)."""
 
     block_m: int
     block_n: int
-    num_warps: int = 8
+    consumers: int = 1
     num_stages: int = 2
     producer_regs: int = 24
+    consumer_regs: int = 240
+
+    @property
+    def num_warps(self) -> int:
+        return 8 if self.consumers == 1 else 4
 
     def constexprs(self) -> dict[str, int]:
         return {
@@ -43,13 +50,34 @@ class GluonTile:
             "BLOCK_N": self.block_n,
             "NUM_STAGES": self.num_stages,
             "NUM_WARPS": self.num_warps,
+            "NUM_CONSUMERS": self.consumers,
+            "CONSUMER_REGS": self.consumer_regs,
             "PRODUCER_REGS": self.producer_regs,
         }
 
 
-# dK/dV: 128 keys (64 per consumer warpgroup) against 64-query tiles; dQ: 128 queries, 64-key tiles.
-DKDV_TILE = GluonTile(block_m=64, block_n=128)
-DQ_TILE = GluonTile(block_m=128, block_n=64)
+# (kernel, head dim) -> tile. dK/dV: 128 keys (64 per consumer warpgroup) against 64-query tiles;
+# dQ: 128 queries against 64-key tiles. All compile without spills on Triton 3.6 (the GPU's).
+TILES: dict[tuple[str, int], GluonTile] = {
+    ("dkdv", 64): GluonTile(block_m=64, block_n=128),
+    ("dkdv", 128): GluonTile(block_m=64, block_n=128),
+    ("dq", 64): GluonTile(block_m=128, block_n=64),
+    ("dq", 128): GluonTile(block_m=128, block_n=64),
+}
+# The two-partition tiles (``THD_GLUON_BWD_CONSUMERS=2``, read at import), dQ split path only.
+TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
+    ("dkdv", 64): GluonTile(block_m=64, block_n=128, consumers=2),
+    ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2),
+    ("dq", 64): GluonTile(block_m=128, block_n=128, consumers=2),
+    ("dq", 128): GluonTile(block_m=128, block_n=64, consumers=2),
+}
+if os.environ.get("THD_GLUON_BWD_CONSUMERS", "1") == "2":
+    TILES.update(TWO_CONSUMER_TILES)
+# How the non-deterministic backward adds dQ: False its own kernel (as the deterministic backward
+# does), True fp32 atomics from the dK/dV kernel. False on the H200: the split kernels were faster
+# at head dims 64 and 128 (benchmarks/results/gluon-bwd-run1.json). ``THD_GLUON_DQ_ATOMIC=1``
+# (read at import) selects the atomics.
+ATOMIC_DQ = os.environ.get("THD_GLUON_DQ_ATOMIC", "0") == "1"
 _PREPROCESS_ROWS = 64
 
 _capable_devices: dict[int, bool] = {}
@@ -137,8 +165,8 @@ def backward(
     accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dsinks)`` as :func:`thd.ops.attention.launch.backward` returns them: padding
-    rows 0; dQ by fp32 atomics unless ``options.deterministic`` (or
-    ``torch.use_deterministic_algorithms``) asks for the bitwise-reproducible dQ kernel;
+    rows 0; dQ from its own (bitwise-reproducible) kernel, or by fp32 atomics with
+    :data:`ATOMIC_DQ` unless ``options.deterministic`` (or ``torch.use_deterministic_algorithms``);
     ``accumulate=(dq, dk, dv)`` (fp32) adds this launch's gradients on its real rows only."""
     from thd.ops.attention.gluon import backward_kernel as kernels
 
@@ -149,13 +177,15 @@ def backward(
     max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
     assert max_q is not None and max_kv is not None
     deterministic = options.deterministic or torch.are_deterministic_algorithms_enabled()
+    atomic = ATOMIC_DQ and not deterministic
+    head_dim = q.shape[2]
     if accumulate is not None:
         dq, dk, dv = accumulate
-    elif deterministic:
-        dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-    else:
+    elif atomic:
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+    else:
+        dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     delta = torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
@@ -208,7 +238,9 @@ def backward(
     }
     window = (options.softmax_scale, max(options.window_left, 0), max(options.window_right, 0))
     if k.shape[0] > 0:
-        tile = DKDV_TILE
+        tile = TILES[("dkdv", head_dim)]
+        if atomic and tile.consumers > 1:  # the atomic dQ is the one-partition kernel's
+            tile = GluonTile(tile.block_m, tile.block_n, num_stages=tile.num_stages)
         kernels._dkdv_kernel[(max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1)](
             q,
             k,
@@ -229,14 +261,14 @@ def backward(
             lse.stride(0),
             *window,
             **variant,
-            DQ_ATOMIC=not deterministic,
+            DQ_ATOMIC=atomic,
             **tile.constexprs(),
             num_warps=tile.num_warps,
         )
-    if not deterministic:
+    if atomic:
         dq = dq if accumulate is not None else dq.to(q.dtype)
     elif q.shape[0] > 0:
-        tile = DQ_TILE
+        tile = TILES[("dq", head_dim)]
         kernels._dq_kernel[(max(1, _cdiv(max_q, tile.block_m)), num_heads, num_seqs + 1)](
             q,
             k,

@@ -268,29 +268,7 @@ def _preprocess_kernel(
 
 @gluon.jit
 def _dkdv_producer(
-    q_base,
-    do_base,
-    k_base,
-    v_base,
-    stride_qt,
-    stride_dot,
-    stride_kt,
-    stride_vt,
-    seqlen_q,
-    seqlen_k,
-    d_lo,
-    d_hi,
-    kv_head,
-    first,
-    step,
-    k_smem,
-    v_smem,
-    q_smem,
-    do_smem,
-    kv_ready,
-    kv_empty,
-    ready,
-    empty,
+    args,
     GROUP: gl.constexpr,
     HEAD_DIM: gl.constexpr,
     HAS_LEFT: gl.constexpr,
@@ -303,6 +281,31 @@ def _dkdv_producer(
 
     One descriptor per tensor over this sequence's ``[length, heads * D]`` rows (heads adjacent in
     a row); a head is a column offset, so no descriptor is rebuilt while copies are in flight."""
+    (
+        q_base,
+        do_base,
+        k_base,
+        v_base,
+        stride_qt,
+        stride_dot,
+        stride_kt,
+        stride_vt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        kv_head,
+        first,
+        step,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        kv_ready,
+        kv_empty,
+        ready,
+        empty,
+    ) = args
     smem: gl.constexpr = _SMEM_LAYOUT
     width_kv = (kv_head + 1) * HEAD_DIM
     width_q = width_kv * GROUP
@@ -334,34 +337,7 @@ def _dkdv_producer(
 
 @gluon.jit
 def _dkdv_consumer(
-    lse_ptr,
-    delta_ptr,
-    dk_base,
-    dv_base,
-    dq_ptr,
-    stride_dkt,
-    stride_dvt,
-    stride_dqt,
-    stride_dqh,
-    stride_lse_h,
-    q_start,
-    seqlen_q,
-    seqlen_k,
-    d_lo,
-    d_hi,
-    kv_head,
-    first,
-    step,
-    sm_scale,
-    k_smem,
-    v_smem,
-    q_smem,
-    do_smem,
-    ds_smem,
-    kv_ready,
-    kv_empty,
-    ready,
-    empty,
+    args,
     GROUP: gl.constexpr,
     HEAD_DIM: gl.constexpr,
     HAS_LEFT: gl.constexpr,
@@ -372,12 +348,51 @@ def _dkdv_consumer(
     BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     NUM_WARPS: gl.constexpr,
+    WG: gl.constexpr,
+    WG_ROWS: gl.constexpr,
 ):
-    """dK and dV of each key tile in registers; dQ added with fp32 atomics (``DQ_ATOMIC``)."""
+    """dK and dV of key rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each key tile in registers;
+    dQ added with fp32 atomics (``DQ_ATOMIC``). One consumer partition of ``NUM_WARPS`` warps."""
+    (
+        lse_ptr,
+        delta_ptr,
+        dk_base,
+        dv_base,
+        dq_ptr,
+        stride_dkt,
+        stride_dvt,
+        stride_dqt,
+        stride_dqh,
+        stride_lse_h,
+        q_start,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        kv_head,
+        first,
+        step,
+        sm_scale,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        ds_smem,
+        kv_ready,
+        kv_empty,
+        ready,
+        empty,
+    ) = args
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16]
     )
+    if WG_ROWS == BLOCK_N:
+        k_rows = k_smem
+        v_rows = v_smem
+    else:
+        k_rows = k_smem.slice(WG * WG_ROWS, WG_ROWS)
+        v_rows = v_smem.slice(WG * WG_ROWS, WG_ROWS)
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, 16]
     )
@@ -393,12 +408,13 @@ def _dkdv_consumer(
     j = 0
     for n_block in range(first, gl.cdiv(seqlen_k, BLOCK_N), step):
         n0 = n_block * BLOCK_N
-        cols = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout)), 1)
+        own0 = n0 + WG * WG_ROWS
+        cols = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout)), 1)
         a, b_, c, end = _query_tiles(
             n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
         )
-        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
-        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+        dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
+        dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
         mbarrier.wait(kv_ready, j & 1)
         for g in range(GROUP):
             head = kv_head * GROUP + g
@@ -411,19 +427,19 @@ def _dkdv_consumer(
                 lse = gl.load(lse_base + rows_1d, mask=rows_1d < seqlen_q, other=float("inf"))
                 lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E  # no key seen: P = 0
                 delta = gl.load(delta_base + rows_1d, mask=rows_1d < seqlen_q, other=0.0)
+                # dP^T - delta, the row term folded into the accumulator (no delta registers live)
+                minus_delta = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout) - gl.expand_dims(delta, 0)
                 mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
                 q_tile = q_smem.index(stage)
                 do_tile = do_smem.index(stage)
                 s_tok = warpgroup_mma(
-                    k_smem,
+                    k_rows,
                     q_tile.permute((1, 0)),
-                    gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout),
+                    gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout),
                     use_acc=False,
                     is_async=True,
                 )
-                # dP^T - delta, the row term folded into the accumulator (no delta registers live)
-                minus_delta = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout) - gl.expand_dims(delta, 0)
-                dp_tok = warpgroup_mma(v_smem, do_tile.permute((1, 0)), minus_delta, is_async=True)
+                dp_tok = warpgroup_mma(v_rows, do_tile.permute((1, 0)), minus_delta, is_async=True)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 0))
                 if (m0 < b_) | (m0 >= c):
@@ -434,15 +450,15 @@ def _dkdv_consumer(
                 dp = warpgroup_mma_wait(1, deps=(dp_tok,))
                 ds = (p * dp * sm_scale).to(dtype)
                 if DQ_ATOMIC:
-                    ds_tile = ds_smem.index(it % 2)
+                    ds_tile = ds_smem.index(WG * 2 + it % 2)
                     ds_tile.store(ds)
                     fence_async_shared()
-                    cta_barrier()  # every warpgroup's rows of dS^T are in place
+                    cta_barrier()  # every warp's rows of dS^T are in place
                 dk_tok = warpgroup_mma(gl.convert_layout(ds, a_layout), q_tile, dk, is_async=True)
                 if DQ_ATOMIC:
                     dq_tok = warpgroup_mma(
                         ds_tile.permute((1, 0)),
-                        k_smem,
+                        k_rows,
                         gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
                         use_acc=False,
                         is_async=True,
@@ -450,7 +466,7 @@ def _dkdv_consumer(
                     dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
                 else:
                     dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-                cta_barrier()  # every warpgroup is done with this stage
+                cta_barrier()  # every warp of this partition is done with this stage
                 mbarrier.arrive(empty.index(stage))
                 if DQ_ATOMIC:  # through shared memory into rows of 4-wide atomics: few addresses live
                     dq = gl.convert_layout(dq, dq_add_layout)
@@ -470,7 +486,7 @@ def _dkdv_consumer(
         cta_barrier()
         mbarrier.arrive(kv_empty)
         j += 1  # noqa: SIM113 -- no enumerate in a kernel
-        out_rows = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout)), 1)
+        out_rows = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kv_layout)), 1)
         offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout)), 0)
         mask = (out_rows < seqlen_k) & (offs_d < HEAD_DIM)
         dk_ptrs = dk_base + out_rows.to(gl.int64) * stride_dkt + offs_d
@@ -530,6 +546,8 @@ def _dkdv_kernel(
     BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     NUM_WARPS: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     kv_head = gl.program_id(1)
@@ -566,105 +584,158 @@ def _dkdv_kernel(
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], smem)
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], smem)
+    WG_ROWS: gl.constexpr = BLOCK_N // NUM_CONSUMERS
+    FIRST_WG: gl.constexpr = 0
+    SECOND_WG: gl.constexpr = 1
+    if DQ_ATOMIC:  # dS^T per consumer, double-buffered: the A operand of dQ = dS K
+        ds_smem = gl.allocate_shared_memory(dtype, [2 * NUM_CONSUMERS, WG_ROWS, BLOCK_M], smem)
+    else:
+        ds_smem = k_smem  # unused
     kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_ready, count=1)
-    mbarrier.init(kv_empty, count=1)
+    mbarrier.init(kv_empty, count=NUM_CONSUMERS)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
     fence_async_shared()
     dk_base = dk_head + k_start.to(gl.int64) * stride_dkt
     dv_base = dv_head + k_start.to(gl.int64) * stride_dvt
     first = gl.program_id(0)
     step = gl.num_programs(0)
-    gl.warp_specialize(
-        [
-            (
-                _dkdv_consumer,
-                (
-                    lse_ptr,
-                    delta_ptr,
-                    dk_base,
-                    dv_base,
-                    dq_ptr,
-                    stride_dkt,
-                    stride_dvt,
-                    stride_dqt,
-                    stride_dqh,
-                    stride_lse_h,
-                    q_start,
-                    seqlen_q,
-                    seqlen_k,
-                    d_lo,
-                    d_hi,
-                    kv_head,
-                    first,
-                    step,
-                    sm_scale,
-                    k_smem,
-                    v_smem,
-                    q_smem,
-                    do_smem,
-                    ds_smem,
-                    kv_ready,
-                    kv_empty,
-                    ready,
-                    empty,
-                    GROUP,
-                    HEAD_DIM,
-                    HAS_LEFT,
-                    HAS_RIGHT,
-                    ACCUMULATE,
-                    DQ_ATOMIC,
-                    BLOCK_M,
-                    BLOCK_N,
-                    NUM_STAGES,
-                    NUM_WARPS,
-                ),
-            ),
-            (
-                _dkdv_producer,
-                (
-                    q_ptr + q_start.to(gl.int64) * stride_qt,
-                    do_ptr + q_start.to(gl.int64) * stride_dot,
-                    k_ptr + k_start.to(gl.int64) * stride_kt,
-                    v_ptr + k_start.to(gl.int64) * stride_vt,
-                    stride_qt,
-                    stride_dot,
-                    stride_kt,
-                    stride_vt,
-                    seqlen_q,
-                    seqlen_k,
-                    d_lo,
-                    d_hi,
-                    kv_head,
-                    first,
-                    step,
-                    k_smem,
-                    v_smem,
-                    q_smem,
-                    do_smem,
-                    kv_ready,
-                    kv_empty,
-                    ready,
-                    empty,
-                    GROUP,
-                    HEAD_DIM,
-                    HAS_LEFT,
-                    HAS_RIGHT,
-                    BLOCK_M,
-                    BLOCK_N,
-                    NUM_STAGES,
-                ),
-            ),
-        ],
-        [1],
-        [PRODUCER_REGS],
+    consumer = (
+        lse_ptr,
+        delta_ptr,
+        dk_base,
+        dv_base,
+        dq_ptr,
+        stride_dkt,
+        stride_dvt,
+        stride_dqt,
+        stride_dqh,
+        stride_lse_h,
+        q_start,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        kv_head,
+        first,
+        step,
+        sm_scale,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        ds_smem,
+        kv_ready,
+        kv_empty,
+        ready,
+        empty,
     )
+    producer = (
+        q_ptr + q_start.to(gl.int64) * stride_qt,
+        do_ptr + q_start.to(gl.int64) * stride_dot,
+        k_ptr + k_start.to(gl.int64) * stride_kt,
+        v_ptr + k_start.to(gl.int64) * stride_vt,
+        stride_qt,
+        stride_dot,
+        stride_kt,
+        stride_vt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        kv_head,
+        first,
+        step,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        kv_ready,
+        kv_empty,
+        ready,
+        empty,
+    )
+    if NUM_CONSUMERS == 1:
+        gl.warp_specialize(
+            [
+                (
+                    _dkdv_consumer,
+                    (
+                        consumer,
+                        GROUP,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        DQ_ATOMIC,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        FIRST_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (
+                    _dkdv_producer,
+                    (producer, GROUP, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES),
+                ),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )
+    else:  # two consumer warpgroups, each its half of the key tile, ordered only by the ring
+        gl.warp_specialize(
+            [
+                (
+                    _dkdv_consumer,
+                    (
+                        consumer,
+                        GROUP,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        DQ_ATOMIC,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        FIRST_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (
+                    _dkdv_consumer,
+                    (
+                        consumer,
+                        GROUP,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        DQ_ATOMIC,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        SECOND_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (
+                    _dkdv_producer,
+                    (producer, GROUP, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES),
+                ),
+            ],
+            [NUM_WARPS, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
 
 
 # ----------------------------------------------------------------------------- dQ (deterministic)
@@ -672,28 +743,7 @@ def _dkdv_kernel(
 
 @gluon.jit
 def _dq_producer(
-    q_base,
-    do_base,
-    k_base,
-    v_base,
-    stride_qt,
-    stride_dot,
-    stride_kt,
-    stride_vt,
-    seqlen_q,
-    seqlen_k,
-    d_lo,
-    d_hi,
-    first,
-    step,
-    q_smem,
-    do_smem,
-    k_smem,
-    v_smem,
-    q_ready,
-    q_empty,
-    ready,
-    empty,
+    args,
     HEAD_DIM: gl.constexpr,
     HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr,
@@ -702,6 +752,30 @@ def _dq_producer(
     NUM_STAGES: gl.constexpr,
 ):
     """TMA loads: Q and dO of each query tile, then K and V of every visible key tile."""
+    (
+        q_base,
+        do_base,
+        k_base,
+        v_base,
+        stride_qt,
+        stride_dot,
+        stride_kt,
+        stride_vt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        first,
+        step,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        ready,
+        empty,
+    ) = args
     smem: gl.constexpr = _SMEM_LAYOUT
     q_desc = _row_descriptor(q_base, seqlen_q, HEAD_DIM, stride_qt, BLOCK_M, HEAD_DIM, smem)
     do_desc = _row_descriptor(do_base, seqlen_q, HEAD_DIM, stride_dot, BLOCK_M, HEAD_DIM, smem)
@@ -729,25 +803,7 @@ def _dq_producer(
 
 @gluon.jit
 def _dq_consumer(
-    lse_base,
-    delta_base,
-    dq_base,
-    stride_dqt,
-    seqlen_q,
-    seqlen_k,
-    d_lo,
-    d_hi,
-    first,
-    step,
-    sm_scale,
-    q_smem,
-    do_smem,
-    k_smem,
-    v_smem,
-    q_ready,
-    q_empty,
-    ready,
-    empty,
+    args,
     HEAD_DIM: gl.constexpr,
     HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr,
@@ -756,9 +812,39 @@ def _dq_consumer(
     BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     NUM_WARPS: gl.constexpr,
+    WG: gl.constexpr,
+    WG_ROWS: gl.constexpr,
 ):
-    """dQ of each query tile in registers, summed over key tiles in a fixed order."""
+    """dQ of query rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each query tile in registers,
+    summed over key tiles in a fixed order. One consumer partition of ``NUM_WARPS`` warps."""
+    (
+        lse_base,
+        delta_base,
+        dq_base,
+        stride_dqt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        first,
+        step,
+        sm_scale,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        ready,
+        empty,
+    ) = args
     dtype: gl.constexpr = k_smem.dtype
+    if WG_ROWS == BLOCK_M:
+        q_rows = q_smem
+        do_rows = do_smem
+    else:
+        q_rows = q_smem.slice(WG * WG_ROWS, WG_ROWS)
+        do_rows = do_smem.slice(WG * WG_ROWS, WG_ROWS)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, 16]
     )
@@ -771,27 +857,28 @@ def _dq_consumer(
     j = 0
     for m_block in range(first, gl.cdiv(seqlen_q, BLOCK_M), step):
         m0 = m_block * BLOCK_M
-        rows_1d = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        own0 = m0 + WG * WG_ROWS
+        rows_1d = own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
         rows = gl.expand_dims(rows_1d, 1)
         lse = gl.load(lse_base + rows_1d, mask=rows_1d < seqlen_q, other=float("inf"))
         lse = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E, 1)
         minus_delta = -gl.expand_dims(gl.load(delta_base + rows_1d, mask=rows_1d < seqlen_q, other=0.0), 1)
         a, b_, c, end = _key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+        dq = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, dq_layout)
         mbarrier.wait(q_ready, j & 1)
         for n0 in range(a, end, BLOCK_N):
             stage = it % NUM_STAGES
+            dp_init = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout) + minus_delta
             mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
             k_tile = k_smem.index(stage)
             s_tok = warpgroup_mma(
-                q_smem,
+                q_rows,
                 k_tile.permute((1, 0)),
-                gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout),
                 use_acc=False,
                 is_async=True,
             )
-            dp_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout) + minus_delta
-            dp_tok = warpgroup_mma(do_smem, v_smem.index(stage).permute((1, 0)), dp_init, is_async=True)
+            dp_tok = warpgroup_mma(do_rows, v_smem.index(stage).permute((1, 0)), dp_init, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             p = gl.exp2(s * qk_scale - lse)
             if (n0 < b_) | (n0 >= c):
@@ -801,13 +888,13 @@ def _dq_consumer(
             ds = gl.convert_layout((p * dp * sm_scale).to(dtype), a_layout)
             dq_tok = warpgroup_mma(ds, k_tile, dq, is_async=True)
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-            cta_barrier()  # every warpgroup is done with this stage
+            cta_barrier()  # every warp of this partition is done with this stage
             mbarrier.arrive(empty.index(stage))
             it += 1
         cta_barrier()
         mbarrier.arrive(q_empty)
         j += 1  # noqa: SIM113 -- no enumerate in a kernel
-        out_rows = gl.expand_dims(m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout)), 1)
+        out_rows = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, dq_layout)), 1)
         offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout)), 0)
         mask = (out_rows < seqlen_q) & (offs_d < HEAD_DIM)
         dq_ptrs = dq_base + out_rows.to(gl.int64) * stride_dqt + offs_d
@@ -857,6 +944,8 @@ def _dq_kernel(
     BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     NUM_WARPS: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
 ):
     head = gl.program_id(1)
@@ -895,10 +984,10 @@ def _dq_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_empty, count=1)
+    mbarrier.init(q_empty, count=NUM_CONSUMERS)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
     fence_async_shared()
     q_base = q_ptr + q_start.to(gl.int64) * stride_qt + head * stride_qh
     do_base = do_ptr + q_start.to(gl.int64) * stride_dot + head * stride_doh
@@ -909,74 +998,115 @@ def _dq_kernel(
     dq_base = dq_head + q_start.to(gl.int64) * stride_dqt
     first = gl.program_id(0)
     step = gl.num_programs(0)
-    gl.warp_specialize(
-        [
-            (
-                _dq_consumer,
-                (
-                    lse_base,
-                    delta_base,
-                    dq_base,
-                    stride_dqt,
-                    seqlen_q,
-                    seqlen_k,
-                    d_lo,
-                    d_hi,
-                    first,
-                    step,
-                    sm_scale,
-                    q_smem,
-                    do_smem,
-                    k_smem,
-                    v_smem,
-                    q_ready,
-                    q_empty,
-                    ready,
-                    empty,
-                    HEAD_DIM,
-                    HAS_LEFT,
-                    HAS_RIGHT,
-                    ACCUMULATE,
-                    BLOCK_M,
-                    BLOCK_N,
-                    NUM_STAGES,
-                    NUM_WARPS,
-                ),
-            ),
-            (
-                _dq_producer,
-                (
-                    q_base,
-                    do_base,
-                    k_base,
-                    v_base,
-                    stride_qt,
-                    stride_dot,
-                    stride_kt,
-                    stride_vt,
-                    seqlen_q,
-                    seqlen_k,
-                    d_lo,
-                    d_hi,
-                    first,
-                    step,
-                    q_smem,
-                    do_smem,
-                    k_smem,
-                    v_smem,
-                    q_ready,
-                    q_empty,
-                    ready,
-                    empty,
-                    HEAD_DIM,
-                    HAS_LEFT,
-                    HAS_RIGHT,
-                    BLOCK_M,
-                    BLOCK_N,
-                    NUM_STAGES,
-                ),
-            ),
-        ],
-        [1],
-        [PRODUCER_REGS],
+    WG_ROWS: gl.constexpr = BLOCK_M // NUM_CONSUMERS
+    FIRST_WG: gl.constexpr = 0
+    SECOND_WG: gl.constexpr = 1
+    consumer = (
+        lse_base,
+        delta_base,
+        dq_base,
+        stride_dqt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        first,
+        step,
+        sm_scale,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        ready,
+        empty,
     )
+    producer = (
+        q_base,
+        do_base,
+        k_base,
+        v_base,
+        stride_qt,
+        stride_dot,
+        stride_kt,
+        stride_vt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        first,
+        step,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        ready,
+        empty,
+    )
+    if NUM_CONSUMERS == 1:
+        gl.warp_specialize(
+            [
+                (
+                    _dq_consumer,
+                    (
+                        consumer,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        FIRST_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (_dq_producer, (producer, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES)),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )
+    else:  # two consumer warpgroups, each its half of the query tile, ordered only by the ring
+        gl.warp_specialize(
+            [
+                (
+                    _dq_consumer,
+                    (
+                        consumer,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        FIRST_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (
+                    _dq_consumer,
+                    (
+                        consumer,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        SECOND_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (_dq_producer, (producer, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES)),
+            ],
+            [NUM_WARPS, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
