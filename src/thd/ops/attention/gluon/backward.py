@@ -57,14 +57,18 @@ class GluonTile:
 
 
 # (kernel, head dim) -> tile. dK/dV: 128 keys (64 per consumer warpgroup) against 64-query tiles;
-# dQ: 128 queries against 64-key tiles. All compile without spills on Triton 3.6 (the GPU's).
+# dQ: 128 queries against 64-key tiles. All compile without spills on Triton 3.6 (the GPU's). On
+# the H200 (benchmarks/results/gluon-bwd-run2.json, bf16, 16 heads, causal 32k of 512-8192) these
+# took 0.90x the tl backward's time at D128 and 1.17x at D64; the two-partition tiles 0.84x and
+# 1.00x. The one-partition tiles stay the default: only they have run the whole GPU test file.
 TILES: dict[tuple[str, int], GluonTile] = {
     ("dkdv", 64): GluonTile(block_m=64, block_n=128),
     ("dkdv", 128): GluonTile(block_m=64, block_n=128),
     ("dq", 64): GluonTile(block_m=128, block_n=64),
     ("dq", 128): GluonTile(block_m=128, block_n=64),
 }
-# The two-partition tiles (``THD_GLUON_BWD_CONSUMERS=2``, read at import), dQ split path only.
+# The two-partition tiles (``THD_GLUON_BWD_CONSUMERS=2``, read at import; the atomic dQ keeps
+# the one-partition dK/dV kernel). dK/dV at D128 spills 336 bytes on Triton 3.6.
 TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
     ("dkdv", 64): GluonTile(block_m=64, block_n=128, consumers=2),
     ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2),
@@ -74,8 +78,8 @@ TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
 if os.environ.get("THD_GLUON_BWD_CONSUMERS", "1") == "2":
     TILES.update(TWO_CONSUMER_TILES)
 # How the non-deterministic backward adds dQ: False its own kernel (as the deterministic backward
-# does), True fp32 atomics from the dK/dV kernel. False on the H200: the split kernels were faster
-# at head dims 64 and 128 (benchmarks/results/gluon-bwd-run1.json). ``THD_GLUON_DQ_ATOMIC=1``
+# does), True fp32 atomics from the dK/dV kernel. False on the H200: the split kernels took 5.57 /
+# 4.01 ms against the atomics' 6.09 / 4.12 ms at D128 / D64 (gluon-bwd-run1.json). ``THD_GLUON_DQ_ATOMIC=1``
 # (read at import) selects the atomics.
 ATOMIC_DQ = os.environ.get("THD_GLUON_DQ_ATOMIC", "0") == "1"
 _PREPROCESS_ROWS = 64
