@@ -249,3 +249,17 @@ def test_two_consumer_partitions(layout_name, causal, window, dim, heads) -> Non
     again = gluon_backward.backward(do, q, k, v, out, lse, varlen, options)
     for name, a, b in zip(GRADS, got[:3], again[:3], strict=True):
         assert torch.equal(a, b), f"{name} not reproducible"
+
+
+def test_supports_backward_turns_down_what_it_does_not_cover() -> None:
+    layout = _varlen(LAYOUTS["packed"])
+    plain = AttentionOptions(0.1, causal=True)
+    q = torch.randn(64, 4, 128, device=DEVICE, dtype=torch.bfloat16)
+    assert gluon_backward.supports_backward(q, q, q, layout, plain)
+    assert not gluon_backward.supports_backward(q, q, q, layout, AttentionOptions(0.1, softcap=30.0))
+    assert not gluon_backward.supports_backward(q.float(), q.float(), q.float(), layout, plain)
+    q96 = torch.randn(64, 4, 96, device=DEVICE, dtype=torch.bfloat16)
+    assert not gluon_backward.supports_backward(q96, q96, q96, layout, plain)
+    v64 = torch.randn(64, 4, 64, device=DEVICE, dtype=torch.bfloat16)
+    assert not gluon_backward.supports_backward(q, q, v64, layout, plain)  # D != Dv stays on tl
+    assert not gluon_backward.supports_backward(q.cpu(), q.cpu(), q.cpu(), layout, plain)

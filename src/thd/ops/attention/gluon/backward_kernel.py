@@ -10,12 +10,20 @@ the last slot, and row tiles ``first, first + grid0, ...`` follow (more than one
 ``_dkdv_kernel``: one program per (key tile, kv head, sequence). A one-warp TMA producer loads the
 key tile's K and V once, then streams the Q and dO tiles of every query head of the group into a
 ``NUM_STAGES`` ring guarded by ``ready`` / ``empty`` mbarriers. Its tensor descriptors are built
-on the device per sequence with shape ``[real length, D]``, so rows past a sequence's end arrive
-as zeros and padding is never read. The consumer warps hold dK and dV in fp32 registers and per
-query tile compute ``S^T = K Q^T``, ``P^T = exp2(S^T * scale * log2 e - lse)``, ``dV += P^T dO``,
-``dP^T = V dO^T``, ``dS^T = P^T (dP^T - delta) * scale``, ``dK += dS^T Q`` with async wgmma, and
-(``DQ_ATOMIC``) add ``dQ = dS K`` to an fp32 buffer with atomics. ``_dq_kernel`` is the
-deterministic dQ: one program per (query tile, head, sequence) streaming K and V the same way.
+on the device per sequence with ``real length`` rows (``[L, heads * D]``, a head a column offset),
+so rows past a sequence's end arrive as zeros and padding is never read. The consumer warps hold
+dK and dV in fp32 registers and per query tile compute ``S^T = K Q^T``,
+``P^T = exp2(S^T * scale * log2 e - lse)``, ``dV += P^T dO``, ``dP^T - delta = V dO^T - delta``
+(delta as the accumulator's initial value), ``dS^T = P^T (dP^T - delta) * scale``, ``dK += dS^T Q``
+with async wgmma, and (``DQ_ATOMIC``) add ``dQ = dS K`` to an fp32 buffer with atomics.
+``_dq_kernel`` is the split (and deterministic) dQ: one program per (query tile, head, sequence)
+streaming K and V the same way, summing key tiles in a fixed order.
+
+Consumers (``NUM_CONSUMERS``): 1 is one partition of ``NUM_WARPS = 8`` warps (two warpgroups
+running the same code, synchronised per tile); 2 is two 4-warp partitions (FA3's two consumer
+warpgroups), each owning half of the tile's rows and ordered only by the ring's mbarriers (each
+arrives on ``empty``), so one's softmax can run under the other's matrix products. Register
+budgets: producer ``PRODUCER_REGS`` (24), consumers up to 240 via ``setmaxnreg``.
 
 Visibility: query ``i`` sees key ``j`` iff ``j - i`` lies in ``[d_lo, d_hi]`` (bottom-right
 aligned, or by ``positions``), a side bounded only with ``HAS_LEFT`` / ``HAS_RIGHT``; masks are
