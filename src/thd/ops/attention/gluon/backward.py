@@ -1,0 +1,294 @@
+"""Host side of the Gluon sm_90 attention backward: which calls it covers, tiles, grids, buffers.
+
+:func:`backward` keeps :func:`thd.ops.attention.launch.backward`'s contract exactly; calls that
+:func:`supports_backward` turns down (CPU, the interpreter, GPUs other than sm_90, a Triton
+without Gluon's Hopper surface, softcap, head dims other than 64 and 128, D != Dv, fp32,
+tensors the copy engine cannot read) stay on the tl kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+from torch import Tensor
+from triton.runtime import _allocation
+
+from thd.ops.attention.gluon._bwd_compat import HAS_GLUON_HOPPER
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
+
+__all__ = ["ATOMIC_DQ", "TILES", "GluonTile", "backward", "supports_backward"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class GluonTile:
+    """Rows per tile (``block_m`` queries, ``block_n`` keys), consumer partitions (1: one of 8 warps,
+    i.e. two warpgroups running the same code; 2: two 4-warp partitions, each its half of the tile,
+    ordered only by the ring's mbarriers), TMA ring stages, and the registers of the one-warp
+    producer and of the second consumer partition (the first gets what is left)."""
+
+    block_m: int
+    block_n: int
+    consumers: int = 1
+    num_stages: int = 2
+    producer_regs: int = 24
+    consumer_regs: int = 240
+
+    @property
+    def num_warps(self) -> int:
+        return 8 if self.consumers == 1 else 4
+
+    def constexprs(self) -> dict[str, int]:
+        return {
+            "BLOCK_M": self.block_m,
+            "BLOCK_N": self.block_n,
+            "NUM_STAGES": self.num_stages,
+            "NUM_WARPS": self.num_warps,
+            "NUM_CONSUMERS": self.consumers,
+            "CONSUMER_REGS": self.consumer_regs,
+            "PRODUCER_REGS": self.producer_regs,
+        }
+
+
+# (kernel, head dim) -> tile. dK/dV: 128 keys (64 per consumer warpgroup) against 64-query tiles;
+# dQ: 128 queries against 64-key tiles. All compile without spills on Triton 3.6 (the GPU's). On
+# the H200 (benchmarks/results/gluon-bwd-run2.json, bf16, 16 heads, causal 32k of 512-8192) these
+# took 0.90x the tl backward's time at D128 and 1.17x at D64; the two-partition tiles 0.84x and
+# 1.00x. The one-partition tiles stay the default: only they have run the whole GPU test file.
+TILES: dict[tuple[str, int], GluonTile] = {
+    ("dkdv", 64): GluonTile(block_m=64, block_n=128),
+    ("dkdv", 128): GluonTile(block_m=64, block_n=128),
+    ("dq", 64): GluonTile(block_m=128, block_n=64),
+    ("dq", 128): GluonTile(block_m=128, block_n=64),
+}
+# The two-partition tiles (``THD_GLUON_BWD_CONSUMERS=2``, read at import; the atomic dQ keeps
+# the one-partition dK/dV kernel). dK/dV at D128 spills 336 bytes on Triton 3.6.
+TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
+    ("dkdv", 64): GluonTile(block_m=64, block_n=128, consumers=2),
+    ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2),
+    ("dq", 64): GluonTile(block_m=128, block_n=128, consumers=2),
+    ("dq", 128): GluonTile(block_m=128, block_n=64, consumers=2),
+}
+if os.environ.get("THD_GLUON_BWD_CONSUMERS", "1") == "2":
+    TILES.update(TWO_CONSUMER_TILES)
+# How the non-deterministic backward adds dQ: False its own kernel (as the deterministic backward
+# does), True fp32 atomics from the dK/dV kernel. False on the H200: the split kernels took 5.57 /
+# 4.01 ms against the atomics' 6.09 / 4.12 ms at D128 / D64 (gluon-bwd-run1.json). ``THD_GLUON_DQ_ATOMIC=1``
+# (read at import) selects the atomics.
+ATOMIC_DQ = os.environ.get("THD_GLUON_DQ_ATOMIC", "0") == "1"
+_PREPROCESS_ROWS = 64
+
+_capable_devices: dict[int, bool] = {}
+
+
+def _is_sm90(device: torch.device) -> bool:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capable_devices:
+        _capable_devices[index] = torch.cuda.get_device_capability(index) == (9, 0)
+    return _capable_devices[index]
+
+
+def _tma_readable(t: Tensor) -> bool:
+    """Rows of a ``[T, H, D]`` tensor the kernels' descriptors can read: heads adjacent in a row
+    (the dK/dV kernel addresses a head as a column offset of ``[T, H * D]``), 16-byte aligned
+    base and row stride."""
+    per_16_bytes = 16 // t.element_size()
+    return (
+        t.stride(2) == 1
+        and t.stride(1) == t.shape[2]
+        and t.data_ptr() % 16 == 0
+        and t.stride(0) % per_16_bytes == 0
+    )
+
+
+def supports_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
+    accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> bool:
+    """Whether :func:`backward` covers this call (metadata only: no device reads)."""
+    if not HAS_GLUON_HOPPER or _INTERPRET or not q.is_cuda:
+        return False
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return False
+    head_dim = q.shape[2]
+    if head_dim not in HEAD_DIMS or k.shape[2] != head_dim or v.shape[2] != head_dim:
+        return False
+    if options.softcap > 0.0 or not _is_sm90(q.device):
+        return False
+    if accumulate is not None and any(t.dtype != torch.float32 for t in accumulate):
+        return False
+    return all(_tma_readable(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Device-side tensor descriptors need a per-launch global scratch, allocated through the
+    launching thread's Triton allocator (autograd's backward runs in a thread of its own)."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+def _cdiv(x: int, y: int) -> int:
+    return (x + y - 1) // y
+
+
+def _readable(t: Tensor) -> Tensor:
+    return t if _tma_readable(t) else t.contiguous()
+
+
+def _positions(layout: VarlenLayout) -> tuple[Tensor, Tensor]:
+    if layout.positions_q is None or layout.positions_kv is None:
+        return layout.cu_seqlens_q, layout.cu_seqlens_kv  # unused: HAS_POSITIONS is False
+    return layout.positions_q, layout.positions_kv
+
+
+def backward(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
+    accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``(dq, dk, dv, dsinks)`` as :func:`thd.ops.attention.launch.backward` returns them: padding
+    rows 0; dQ from its own (bitwise-reproducible) kernel, or by fp32 atomics with
+    :data:`ATOMIC_DQ` unless ``options.deterministic`` (or ``torch.use_deterministic_algorithms``);
+    ``accumulate=(dq, dk, dv)`` (fp32) adds this launch's gradients on its real rows only."""
+    from thd.ops.attention.gluon import backward_kernel as kernels
+
+    q, k, v, do = (_readable(t) for t in (q, k, v, do))
+    out = out if out.stride(-1) == 1 else out.contiguous()
+    lse = lse.contiguous()
+    num_heads, num_kv_heads, num_seqs = q.shape[1], k.shape[1], layout.num_seqs
+    max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
+    assert max_q is not None and max_kv is not None
+    deterministic = options.deterministic or torch.are_deterministic_algorithms_enabled()
+    atomic = ATOMIC_DQ and not deterministic
+    head_dim = q.shape[2]
+    if accumulate is not None:
+        dq, dk, dv = accumulate
+    elif atomic:
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+    else:
+        dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    delta = torch.empty_like(lse)
+    dsink_rows = torch.zeros_like(lse) if sinks is not None else None
+    if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
+        kernels._preprocess_kernel[(_cdiv(max_q, _PREPROCESS_ROWS), num_heads, num_seqs)](
+            out,
+            do,
+            delta,
+            lse,
+            q if sinks is None else sinks,
+            delta if dsink_rows is None else dsink_rows,
+            layout.cu_seqlens_q,
+            layout.slots_q,
+            q.shape[0],
+            out.stride(0),
+            out.stride(1),
+            do.stride(0),
+            do.stride(1),
+            delta.stride(0),
+            HEAD_DIM_V=v.shape[2],
+            HAS_SINKS=sinks is not None,
+            BLOCK_M=_PREPROCESS_ROWS,
+            NUM_WARPS=4,
+            num_warps=4,
+        )
+    _ensure_allocator()
+    sequences = (
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_kv,
+        layout.slots_q,
+        layout.slots_kv,
+        *_positions(layout),
+        q.shape[0],
+        k.shape[0],
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        do.stride(0),
+        do.stride(1),
+    )
+    variant = {
+        "GROUP": num_heads // num_kv_heads,
+        "HEAD_DIM": q.shape[2],
+        "HAS_POSITIONS": layout.positions_q is not None,
+        "HAS_LEFT": options.window_left >= 0,
+        "HAS_RIGHT": options.window_right >= 0,
+        "ACCUMULATE": accumulate is not None,
+    }
+    window = (options.softmax_scale, max(options.window_left, 0), max(options.window_right, 0))
+    if k.shape[0] > 0:
+        tile = TILES[("dkdv", head_dim)]
+        if atomic and tile.consumers > 1:  # the atomic dQ is the one-partition kernel's
+            tile = GluonTile(tile.block_m, tile.block_n, num_stages=tile.num_stages)
+        kernels._dkdv_kernel[(max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1)](
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            dk,
+            dv,
+            dq,
+            *sequences,
+            dk.stride(0),
+            dk.stride(1),
+            dv.stride(0),
+            dv.stride(1),
+            dq.stride(0),
+            dq.stride(1),
+            lse.stride(0),
+            *window,
+            **variant,
+            DQ_ATOMIC=atomic,
+            **tile.constexprs(),
+            num_warps=tile.num_warps,
+        )
+    if atomic:
+        dq = dq if accumulate is not None else dq.to(q.dtype)
+    elif q.shape[0] > 0:
+        tile = TILES[("dq", head_dim)]
+        kernels._dq_kernel[(max(1, _cdiv(max_q, tile.block_m)), num_heads, num_seqs + 1)](
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            dq,
+            *sequences,
+            dq.stride(0),
+            dq.stride(1),
+            lse.stride(0),
+            *window,
+            **variant,
+            **tile.constexprs(),
+            num_warps=tile.num_warps,
+        )
+    dsinks = None if dsink_rows is None else dsink_rows.sum(1).to(sinks.dtype)  # type: ignore[union-attr]
+    return dq, dk, dv, dsinks

@@ -1,0 +1,1120 @@
+"""Gluon (sm_90) backward kernels of varlen THD attention, FlashAttention-3's structure.
+
+Only ``@gluon.jit`` code lives here; grids, tiles and allocation are in ``backward.py``.
+
+Grid convention (as the tl kernels): ``(row tiles, heads, sequences + 1)``; each program first
+zeroes its share of the padding rows of its slot, the extra sequence index covers the tail past
+the last slot, and row tiles ``first, first + grid0, ...`` follow (more than one only when
+``max_seqlen`` underestimates a length).
+
+``_dkdv_kernel``: one program per (key tile, kv head, sequence). A one-warp TMA producer loads the
+key tile's K and V once, then streams the Q and dO tiles of every query head of the group into a
+``NUM_STAGES`` ring guarded by ``ready`` / ``empty`` mbarriers. Its tensor descriptors are built
+on the device per sequence with ``real length`` rows (``[L, heads * D]``, a head a column offset),
+so rows past a sequence's end arrive as zeros and padding is never read. The consumer warps hold
+dK and dV in fp32 registers and per query tile compute ``S^T = K Q^T``,
+``P^T = exp2(S^T * scale * log2 e - lse)``, ``dV += P^T dO``, ``dP^T - delta = V dO^T - delta``
+(delta as the accumulator's initial value), ``dS^T = P^T (dP^T - delta) * scale``, ``dK += dS^T Q``
+with async wgmma, and (``DQ_ATOMIC``) add ``dQ = dS K`` to an fp32 buffer with atomics.
+``_dq_kernel`` is the split (and deterministic) dQ: one program per (query tile, head, sequence)
+streaming K and V the same way, summing key tiles in a fixed order.
+
+Consumers (``NUM_CONSUMERS``): 1 is one partition of ``NUM_WARPS = 8`` warps (two warpgroups
+running the same code, synchronised per tile); 2 is two 4-warp partitions (FA3's two consumer
+warpgroups), each owning half of the tile's rows and ordered only by the ring's mbarriers (each
+arrives on ``empty``), so one's softmax can run under the other's matrix products. Register
+budgets: producer ``PRODUCER_REGS`` (24), consumers up to 240 via ``setmaxnreg``.
+
+Visibility: query ``i`` sees key ``j`` iff ``j - i`` lies in ``[d_lo, d_hi]`` (bottom-right
+aligned, or by ``positions``), a side bounded only with ``HAS_LEFT`` / ``HAS_RIGHT``; masks are
+applied only on tiles that straddle the band's edges or a sequence end. ``lse`` is natural-log.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from thd.ops.attention.gluon._bwd_compat import cta_barrier, tma_load
+
+__all__ = ["_dkdv_kernel", "_dq_kernel", "_preprocess_kernel"]
+
+LOG2E = gl.constexpr(1.4426950408889634)
+# Every 16-bit tile here has rows of 64 or 128 elements (>= 128 bytes): the 128-byte swizzle.
+_SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+
+
+# ----------------------------------------------------------------------------- scalar helpers
+
+
+@gluon.jit
+def _span(cu_ptr, cup_ptr, b, num_rows):
+    """(first row, real length) of sequence ``b``, clamped to the rows ``[0, num_rows)``."""
+    lo = gl.load(cu_ptr + b).to(gl.int64)
+    hi = gl.load(cu_ptr + b + 1).to(gl.int64)
+    start = gl.minimum(gl.maximum(gl.load(cup_ptr + b).to(gl.int64), 0), num_rows)
+    length = gl.minimum(gl.maximum(hi - lo, 0), num_rows - start)
+    return start.to(gl.int32), length.to(gl.int32)
+
+
+@gluon.jit
+def _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows):
+    """Padding rows ``[lo, hi)`` of slot ``b`` (clamped to the tensor); ``b == num_seqs`` is the tail."""
+    if b < num_seqs:
+        start, length = _span(cu_ptr, cup_ptr, b, num_rows)
+        lo = start + length
+        hi = gl.load(cup_ptr + b + 1).to(gl.int64)
+        hi = gl.minimum(gl.maximum(hi, lo), num_rows).to(gl.int32)
+    else:
+        lo = gl.minimum(gl.maximum(gl.load(cup_ptr + b).to(gl.int64), 0), num_rows).to(gl.int32)
+        hi = num_rows
+    return lo, hi
+
+
+@gluon.jit
+def _sequence_pair(
+    cu_q_ptr,
+    cup_q_ptr,
+    cu_k_ptr,
+    cup_k_ptr,
+    pos_q_ptr,
+    pos_k_ptr,
+    b,
+    rows_q,
+    rows_k,
+    window_left,
+    window_right,
+    HAS_POSITIONS: gl.constexpr,
+):
+    """Sequence ``b``'s query and key spans and its visible band ``[d_lo, d_hi]`` of key - query index."""
+    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
+    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
+    if HAS_POSITIONS:  # noqa: SIM108 -- a constexpr branch
+        offset = gl.load(pos_q_ptr + b) - gl.load(pos_k_ptr + b)
+    else:
+        offset = seqlen_k - seqlen_q
+    return q_start, seqlen_q, k_start, seqlen_k, offset - window_left, offset + window_right
+
+
+@gluon.jit
+def _tile_ranges(
+    t0, t_last, d_lo, d_hi, partners, BLOCK: gl.constexpr, HAS_LO: gl.constexpr, HAS_HI: gl.constexpr
+):
+    """Partner tiles of own indices ``[t0, t_last]``, partner ``p`` visible iff ``p - t`` in
+    ``[d_lo, d_hi]`` and ``0 <= p < partners``: ``(a, b, c, end)`` with ``[a, b)`` and
+    ``[c, end)`` masked and ``[b, c)`` seen in full (the tl kernels' split)."""
+    lo = t0 * 0
+    full_lo = t0 * 0
+    end = partners
+    full_hi = partners
+    if HAS_LO:
+        lo = gl.maximum(t0 + d_lo, 0)
+        full_lo = gl.maximum(t_last + d_lo, 0)
+    if HAS_HI:
+        end = gl.maximum(gl.minimum(t_last + d_hi + 1, partners), 0)
+        full_hi = gl.maximum(gl.minimum(t0 + d_hi + 1, partners), 0)
+    a = (lo // BLOCK) * BLOCK
+    b = gl.cdiv(full_lo, BLOCK) * BLOCK
+    c = (full_hi // BLOCK) * BLOCK
+    if c <= b:
+        b = a
+        c = a
+    end = gl.maximum(end, c)
+    return a, b, c, end
+
+
+@gluon.jit
+def _query_tiles(
+    n0,
+    seqlen_k,
+    seqlen_q,
+    d_lo,
+    d_hi,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+):
+    """Query tiles of key tile ``[n0, n0 + BLOCK_N)``: ``(a, b, c, end)``; a partial key tile is
+    masked everywhere. Query ``r`` sees key ``c`` iff ``r - c`` in ``[-d_hi, -d_lo]``."""
+    last = gl.minimum(n0 + BLOCK_N, seqlen_k) - 1
+    a, b, c, end = _tile_ranges(n0, last, -d_hi, -d_lo, seqlen_q, BLOCK_M, HAS_RIGHT, HAS_LEFT)
+    if last < n0 + BLOCK_N - 1:
+        b = a
+        c = a
+    return a, b, c, end
+
+
+@gluon.jit
+def _key_tiles(
+    m0,
+    seqlen_q,
+    seqlen_k,
+    d_lo,
+    d_hi,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+):
+    """Key tiles of query tile ``[m0, m0 + BLOCK_M)``: ``(a, b, c, end)``; a partial query tile
+    needs no mask of its own (its rows past the end have lse = +inf, so P = 0)."""
+    last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
+    return _tile_ranges(m0, last, d_lo, d_hi, seqlen_k, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+
+
+@gluon.jit
+def _visible(r, c, num_keys, d_lo, d_hi, HAS_LO: gl.constexpr, HAS_HI: gl.constexpr):
+    """Mask of visible (query ``r``, key ``c``) pairs, broadcast against each other."""
+    seen = c < num_keys
+    if HAS_LO:
+        seen = seen & (c - r >= d_lo)
+    if HAS_HI:
+        seen = seen & (c - r <= d_hi)
+    return seen
+
+
+@gluon.jit
+def _zero_padding(
+    base_ptr,
+    stride_t,
+    cu_ptr,
+    cup_ptr,
+    b,
+    num_seqs,
+    num_rows,
+    WIDTH: gl.constexpr,
+    BLOCK_R: gl.constexpr,
+    NUM_WARPS: gl.constexpr,
+):
+    """Zero this program's share of the padding rows of slot ``b`` (grid axis 0 splits them)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+    lo, hi = _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows)
+    offs_r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, layout))
+    offs_w = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
+    zero = gl.zeros([BLOCK_R, WIDTH], base_ptr.dtype.element_ty, layout)
+    step = gl.num_programs(0) * BLOCK_R
+    for row0 in range(lo + gl.program_id(0) * BLOCK_R, hi, step):
+        rows = gl.expand_dims(row0 + offs_r, 1)
+        ptrs = base_ptr + rows.to(gl.int64) * stride_t + gl.expand_dims(offs_w, 0)
+        gl.store(ptrs, zero, mask=(rows < hi) & (gl.expand_dims(offs_w, 0) < WIDTH))
+
+
+@gluon.jit
+def _row_descriptor(
+    base, num_rows, width, stride_t, BLOCK_R: gl.constexpr, BLOCK_W: gl.constexpr, layout: gl.constexpr
+):
+    """A TMA descriptor over the ``[num_rows, width]`` view at ``base`` read in
+    ``[BLOCK_R, BLOCK_W]`` tiles: rows past ``num_rows`` load as zeros and are never read."""
+    return tma.make_tensor_descriptor(
+        base,
+        shape=[gl.maximum(num_rows, 1), width],
+        strides=[stride_t, 1],
+        block_shape=[BLOCK_R, BLOCK_W],
+        layout=layout,
+    )
+
+
+# ----------------------------------------------------------------------------- preprocess
+
+
+@gluon.jit
+def _preprocess_kernel(
+    out_ptr,
+    do_ptr,
+    delta_ptr,
+    lse_ptr,
+    sinks_ptr,
+    dsink_rows_ptr,
+    cu_q_ptr,
+    cup_q_ptr,
+    rows_q,
+    stride_ot,
+    stride_oh,
+    stride_dot,
+    stride_doh,
+    stride_lse_h,
+    HEAD_DIM_V: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    NUM_WARPS: gl.constexpr,
+):
+    """``delta = rowsum(out * dout)`` per real row; with sinks also ``-exp(sink - lse) * delta``."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+    head = gl.program_id(1)
+    b = gl.program_id(2)
+    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
+    o_base = out_ptr + q_start.to(gl.int64) * stride_ot + head * stride_oh
+    do_base = do_ptr + q_start.to(gl.int64) * stride_dot + head * stride_doh
+    offs_r = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, layout)), 0)
+    for m0 in range(gl.program_id(0) * BLOCK_M, seqlen_q, gl.num_programs(0) * BLOCK_M):
+        rows = m0 + offs_r
+        rows2 = gl.expand_dims(rows, 1)
+        mask = (rows2 < seqlen_q) & (offs_d < HEAD_DIM_V)
+        o = gl.load(o_base + rows2 * stride_ot + offs_d, mask=mask, other=0.0)
+        do = gl.load(do_base + rows2 * stride_dot + offs_d, mask=mask, other=0.0)
+        delta = gl.sum(o.to(gl.float32) * do.to(gl.float32), 1)
+        at = head * stride_lse_h + q_start + rows
+        gl.store(delta_ptr + at, delta, mask=rows < seqlen_q)
+        if HAS_SINKS:
+            lse = gl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
+            lse = gl.where(lse == float("-inf"), float("inf"), lse)  # a row without any term: p = 0
+            sink = gl.load(sinks_ptr + head).to(gl.float32)
+            gl.store(dsink_rows_ptr + at, -gl.exp(sink - lse) * delta, mask=rows < seqlen_q)
+
+
+# ----------------------------------------------------------------------------- dK / dV (+ dQ atomics)
+
+
+@gluon.jit
+def _dkdv_producer(
+    args,
+    GROUP: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+):
+    """TMA loads: K and V of each key tile, then Q and dO of every visible query tile of each head.
+
+    One descriptor per tensor over this sequence's ``[length, heads * D]`` rows (heads adjacent in
+    a row); a head is a column offset, so no descriptor is rebuilt while copies are in flight."""
+    (
+        q_base,
+        do_base,
+        k_base,
+        v_base,
+        stride_qt,
+        stride_dot,
+        stride_kt,
+        stride_vt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        kv_head,
+        first,
+        step,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        kv_ready,
+        kv_empty,
+        ready,
+        empty,
+    ) = args
+    smem: gl.constexpr = _SMEM_LAYOUT
+    width_kv = (kv_head + 1) * HEAD_DIM
+    width_q = width_kv * GROUP
+    k_desc = _row_descriptor(k_base, seqlen_k, width_kv, stride_kt, BLOCK_N, HEAD_DIM, smem)
+    v_desc = _row_descriptor(v_base, seqlen_k, width_kv, stride_vt, BLOCK_N, HEAD_DIM, smem)
+    q_desc = _row_descriptor(q_base, seqlen_q, width_q, stride_qt, BLOCK_M, HEAD_DIM, smem)
+    do_desc = _row_descriptor(do_base, seqlen_q, width_q, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    it = 0
+    j = 0
+    for n_block in range(first, gl.cdiv(seqlen_k, BLOCK_N), step):
+        n0 = n_block * BLOCK_N
+        mbarrier.wait(kv_empty, (j & 1) ^ 1)
+        mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma_load(k_desc, [n0, kv_head * HEAD_DIM], kv_ready, k_smem)
+        tma_load(v_desc, [n0, kv_head * HEAD_DIM], kv_ready, v_smem)
+        a, _, _, end = _query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        for g in range(GROUP):
+            col = (kv_head * GROUP + g) * HEAD_DIM
+            for m0 in range(a, end, BLOCK_M):
+                stage = it % NUM_STAGES
+                mbarrier.wait(empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
+                bar = ready.index(stage)
+                mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+                tma_load(q_desc, [m0, col], bar, q_smem.index(stage))
+                tma_load(do_desc, [m0, col], bar, do_smem.index(stage))
+                it += 1
+        j += 1  # noqa: SIM113 -- no enumerate in a kernel
+
+
+@gluon.jit
+def _dkdv_consumer(
+    args,
+    GROUP: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    NUM_WARPS: gl.constexpr,
+    WG: gl.constexpr,
+    WG_ROWS: gl.constexpr,
+):
+    """dK and dV of key rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each key tile in registers;
+    dQ added with fp32 atomics (``DQ_ATOMIC``). One consumer partition of ``NUM_WARPS`` warps."""
+    (
+        lse_ptr,
+        delta_ptr,
+        dk_base,
+        dv_base,
+        dq_ptr,
+        stride_dkt,
+        stride_dvt,
+        stride_dqt,
+        stride_dqh,
+        stride_lse_h,
+        q_start,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        kv_head,
+        first,
+        step,
+        sm_scale,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        ds_smem,
+        kv_ready,
+        kv_empty,
+        ready,
+        empty,
+    ) = args
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16]
+    )
+    if WG_ROWS == BLOCK_N:
+        k_rows = k_smem
+        v_rows = v_smem
+    else:
+        k_rows = k_smem.slice(WG * WG_ROWS, WG_ROWS)
+        v_rows = v_smem.slice(WG * WG_ROWS, WG_ROWS)
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, HEAD_DIM // (NUM_WARPS // 4), 16]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    dq_add_layout: gl.constexpr = gl.BlockedLayout(
+        [1, 4], [128 // HEAD_DIM, HEAD_DIM // 4], [NUM_WARPS, 1], [1, 0]
+    )
+    qk_scale = sm_scale * LOG2E
+    it = 0
+    j = 0
+    for n_block in range(first, gl.cdiv(seqlen_k, BLOCK_N), step):
+        n0 = n_block * BLOCK_N
+        own0 = n0 + WG * WG_ROWS
+        cols = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout)), 1)
+        a, b_, c, end = _query_tiles(
+            n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
+        )
+        dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
+        dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
+        mbarrier.wait(kv_ready, j & 1)
+        for g in range(GROUP):
+            head = kv_head * GROUP + g
+            lse_base = lse_ptr + head * stride_lse_h + q_start
+            delta_base = delta_ptr + head * stride_lse_h + q_start
+            dq_base = dq_ptr + q_start.to(gl.int64) * stride_dqt + head * stride_dqh
+            for m0 in range(a, end, BLOCK_M):
+                stage = it % NUM_STAGES
+                rows_1d = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                lse = gl.load(lse_base + rows_1d, mask=rows_1d < seqlen_q, other=float("inf"))
+                lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E  # no key seen: P = 0
+                delta = gl.load(delta_base + rows_1d, mask=rows_1d < seqlen_q, other=0.0)
+                # dP^T - delta, the row term folded into the accumulator (no delta registers live)
+                minus_delta = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout) - gl.expand_dims(delta, 0)
+                mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
+                q_tile = q_smem.index(stage)
+                do_tile = do_smem.index(stage)
+                s_tok = warpgroup_mma(
+                    k_rows,
+                    q_tile.permute((1, 0)),
+                    gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout),
+                    use_acc=False,
+                    is_async=True,
+                )
+                dp_tok = warpgroup_mma(v_rows, do_tile.permute((1, 0)), minus_delta, is_async=True)
+                s = warpgroup_mma_wait(1, deps=(s_tok,))
+                p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 0))
+                if (m0 < b_) | (m0 >= c):
+                    rows = gl.expand_dims(rows_1d, 0)
+                    p = gl.where(_visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
+                p_op = gl.convert_layout(p.to(dtype), a_layout)
+                dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+                dp = warpgroup_mma_wait(1, deps=(dp_tok,))
+                ds = (p * dp * sm_scale).to(dtype)
+                if DQ_ATOMIC:
+                    ds_tile = ds_smem.index(WG * 2 + it % 2)
+                    ds_tile.store(ds)
+                    fence_async_shared()
+                    cta_barrier()  # every warp's rows of dS^T are in place
+                dk_tok = warpgroup_mma(gl.convert_layout(ds, a_layout), q_tile, dk, is_async=True)
+                if DQ_ATOMIC:
+                    dq_tok = warpgroup_mma(
+                        ds_tile.permute((1, 0)),
+                        k_rows,
+                        gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
+                        use_acc=False,
+                        is_async=True,
+                    )
+                    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+                else:
+                    dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+                cta_barrier()  # every warp of this partition is done with this stage
+                mbarrier.arrive(empty.index(stage))
+                if DQ_ATOMIC:  # through shared memory into rows of 4-wide atomics: few addresses live
+                    dq = gl.convert_layout(dq, dq_add_layout)
+                    dq_rows = gl.expand_dims(
+                        m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_add_layout)), 1
+                    )
+                    offs_d = gl.expand_dims(
+                        gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_add_layout)), 0
+                    )
+                    gl.atomic_add(
+                        dq_base + dq_rows * stride_dqt + offs_d,
+                        dq,
+                        mask=(dq_rows < seqlen_q) & (offs_d < HEAD_DIM),
+                        sem="relaxed",
+                    )
+                it += 1
+        cta_barrier()
+        mbarrier.arrive(kv_empty)
+        j += 1  # noqa: SIM113 -- no enumerate in a kernel
+        out_rows = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kv_layout)), 1)
+        offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout)), 0)
+        mask = (out_rows < seqlen_k) & (offs_d < HEAD_DIM)
+        dk_ptrs = dk_base + out_rows.to(gl.int64) * stride_dkt + offs_d
+        dv_ptrs = dv_base + out_rows.to(gl.int64) * stride_dvt + offs_d
+        if ACCUMULATE:  # add this launch's part to what the rows hold
+            dk += gl.load(dk_ptrs, mask=mask, other=0.0).to(gl.float32)
+            dv += gl.load(dv_ptrs, mask=mask, other=0.0).to(gl.float32)
+        gl.store(dk_ptrs, dk.to(dk_base.dtype.element_ty), mask=mask)
+        gl.store(dv_ptrs, dv.to(dv_base.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _dkdv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dk_ptr,
+    dv_ptr,
+    dq_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    cup_q_ptr,
+    cup_k_ptr,
+    pos_q_ptr,
+    pos_k_ptr,
+    rows_q,
+    rows_k,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_dkt,
+    stride_dkh,
+    stride_dvt,
+    stride_dvh,
+    stride_dqt,
+    stride_dqh,
+    stride_lse_h,
+    sm_scale,
+    window_left,
+    window_right,
+    GROUP: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    HAS_POSITIONS: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    NUM_WARPS: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):
+    kv_head = gl.program_id(1)
+    b = gl.program_id(2)
+    num_seqs = gl.num_programs(2) - 1
+    dk_head = dk_ptr + kv_head * stride_dkh
+    dv_head = dv_ptr + kv_head * stride_dvh
+    if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
+        _zero_padding(
+            dk_head, stride_dkt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, HEAD_DIM, BLOCK_N, NUM_WARPS
+        )
+        _zero_padding(
+            dv_head, stride_dvt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, HEAD_DIM, BLOCK_N, NUM_WARPS
+        )
+    if b == num_seqs:
+        return
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
+        cu_q_ptr,
+        cup_q_ptr,
+        cu_k_ptr,
+        cup_k_ptr,
+        pos_q_ptr,
+        pos_k_ptr,
+        b,
+        rows_q,
+        rows_k,
+        window_left,
+        window_right,
+        HAS_POSITIONS,
+    )
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    smem: gl.constexpr = _SMEM_LAYOUT
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], smem)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], smem)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
+    do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
+    WG_ROWS: gl.constexpr = BLOCK_N // NUM_CONSUMERS
+    FIRST_WG: gl.constexpr = 0
+    SECOND_WG: gl.constexpr = 1
+    if DQ_ATOMIC:  # dS^T per consumer, double-buffered: the A operand of dQ = dS K
+        ds_smem = gl.allocate_shared_memory(dtype, [2 * NUM_CONSUMERS, WG_ROWS, BLOCK_M], smem)
+    else:
+        ds_smem = k_smem  # unused
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    mbarrier.init(kv_empty, count=NUM_CONSUMERS)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
+    fence_async_shared()
+    dk_base = dk_head + k_start.to(gl.int64) * stride_dkt
+    dv_base = dv_head + k_start.to(gl.int64) * stride_dvt
+    first = gl.program_id(0)
+    step = gl.num_programs(0)
+    consumer = (
+        lse_ptr,
+        delta_ptr,
+        dk_base,
+        dv_base,
+        dq_ptr,
+        stride_dkt,
+        stride_dvt,
+        stride_dqt,
+        stride_dqh,
+        stride_lse_h,
+        q_start,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        kv_head,
+        first,
+        step,
+        sm_scale,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        ds_smem,
+        kv_ready,
+        kv_empty,
+        ready,
+        empty,
+    )
+    producer = (
+        q_ptr + q_start.to(gl.int64) * stride_qt,
+        do_ptr + q_start.to(gl.int64) * stride_dot,
+        k_ptr + k_start.to(gl.int64) * stride_kt,
+        v_ptr + k_start.to(gl.int64) * stride_vt,
+        stride_qt,
+        stride_dot,
+        stride_kt,
+        stride_vt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        kv_head,
+        first,
+        step,
+        k_smem,
+        v_smem,
+        q_smem,
+        do_smem,
+        kv_ready,
+        kv_empty,
+        ready,
+        empty,
+    )
+    if NUM_CONSUMERS == 1:
+        gl.warp_specialize(
+            [
+                (
+                    _dkdv_consumer,
+                    (
+                        consumer,
+                        GROUP,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        DQ_ATOMIC,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        FIRST_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (
+                    _dkdv_producer,
+                    (producer, GROUP, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES),
+                ),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )
+    else:  # two consumer warpgroups, each its half of the key tile, ordered only by the ring
+        gl.warp_specialize(
+            [
+                (
+                    _dkdv_consumer,
+                    (
+                        consumer,
+                        GROUP,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        DQ_ATOMIC,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        FIRST_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (
+                    _dkdv_consumer,
+                    (
+                        consumer,
+                        GROUP,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        DQ_ATOMIC,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        SECOND_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (
+                    _dkdv_producer,
+                    (producer, GROUP, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES),
+                ),
+            ],
+            [NUM_WARPS, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
+
+
+# ----------------------------------------------------------------------------- dQ (deterministic)
+
+
+@gluon.jit
+def _dq_producer(
+    args,
+    HEAD_DIM: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+):
+    """TMA loads: Q and dO of each query tile, then K and V of every visible key tile."""
+    (
+        q_base,
+        do_base,
+        k_base,
+        v_base,
+        stride_qt,
+        stride_dot,
+        stride_kt,
+        stride_vt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        first,
+        step,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        ready,
+        empty,
+    ) = args
+    smem: gl.constexpr = _SMEM_LAYOUT
+    q_desc = _row_descriptor(q_base, seqlen_q, HEAD_DIM, stride_qt, BLOCK_M, HEAD_DIM, smem)
+    do_desc = _row_descriptor(do_base, seqlen_q, HEAD_DIM, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    k_desc = _row_descriptor(k_base, seqlen_k, HEAD_DIM, stride_kt, BLOCK_N, HEAD_DIM, smem)
+    v_desc = _row_descriptor(v_base, seqlen_k, HEAD_DIM, stride_vt, BLOCK_N, HEAD_DIM, smem)
+    it = 0
+    j = 0
+    for m_block in range(first, gl.cdiv(seqlen_q, BLOCK_M), step):
+        m0 = m_block * BLOCK_M
+        mbarrier.wait(q_empty, (j & 1) ^ 1)
+        mbarrier.expect(q_ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma_load(q_desc, [m0, 0], q_ready, q_smem)
+        tma_load(do_desc, [m0, 0], q_ready, do_smem)
+        a, _, _, end = _key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        for n0 in range(a, end, BLOCK_N):
+            stage = it % NUM_STAGES
+            mbarrier.wait(empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
+            bar = ready.index(stage)
+            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma_load(k_desc, [n0, 0], bar, k_smem.index(stage))
+            tma_load(v_desc, [n0, 0], bar, v_smem.index(stage))
+            it += 1
+        j += 1  # noqa: SIM113 -- no enumerate in a kernel
+
+
+@gluon.jit
+def _dq_consumer(
+    args,
+    HEAD_DIM: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    NUM_WARPS: gl.constexpr,
+    WG: gl.constexpr,
+    WG_ROWS: gl.constexpr,
+):
+    """dQ of query rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each query tile in registers,
+    summed over key tiles in a fixed order. One consumer partition of ``NUM_WARPS`` warps."""
+    (
+        lse_base,
+        delta_base,
+        dq_base,
+        stride_dqt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        first,
+        step,
+        sm_scale,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        ready,
+        empty,
+    ) = args
+    dtype: gl.constexpr = k_smem.dtype
+    if WG_ROWS == BLOCK_M:
+        q_rows = q_smem
+        do_rows = do_smem
+    else:
+        q_rows = q_smem.slice(WG * WG_ROWS, WG_ROWS)
+        do_rows = do_smem.slice(WG * WG_ROWS, WG_ROWS)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    qk_scale = sm_scale * LOG2E
+    it = 0
+    j = 0
+    for m_block in range(first, gl.cdiv(seqlen_q, BLOCK_M), step):
+        m0 = m_block * BLOCK_M
+        own0 = m0 + WG * WG_ROWS
+        rows_1d = own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout))
+        rows = gl.expand_dims(rows_1d, 1)
+        lse = gl.load(lse_base + rows_1d, mask=rows_1d < seqlen_q, other=float("inf"))
+        lse = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E, 1)
+        minus_delta = -gl.expand_dims(gl.load(delta_base + rows_1d, mask=rows_1d < seqlen_q, other=0.0), 1)
+        a, b_, c, end = _key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        dq = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, dq_layout)
+        mbarrier.wait(q_ready, j & 1)
+        for n0 in range(a, end, BLOCK_N):
+            stage = it % NUM_STAGES
+            dp_init = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout) + minus_delta
+            mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
+            k_tile = k_smem.index(stage)
+            s_tok = warpgroup_mma(
+                q_rows,
+                k_tile.permute((1, 0)),
+                gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout),
+                use_acc=False,
+                is_async=True,
+            )
+            dp_tok = warpgroup_mma(do_rows, v_smem.index(stage).permute((1, 0)), dp_init, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            p = gl.exp2(s * qk_scale - lse)
+            if (n0 < b_) | (n0 >= c):
+                cols = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
+                p = gl.where(_visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
+            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+            ds = gl.convert_layout((p * dp * sm_scale).to(dtype), a_layout)
+            dq_tok = warpgroup_mma(ds, k_tile, dq, is_async=True)
+            dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+            cta_barrier()  # every warp of this partition is done with this stage
+            mbarrier.arrive(empty.index(stage))
+            it += 1
+        cta_barrier()
+        mbarrier.arrive(q_empty)
+        j += 1  # noqa: SIM113 -- no enumerate in a kernel
+        out_rows = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, dq_layout)), 1)
+        offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout)), 0)
+        mask = (out_rows < seqlen_q) & (offs_d < HEAD_DIM)
+        dq_ptrs = dq_base + out_rows.to(gl.int64) * stride_dqt + offs_d
+        if ACCUMULATE:  # add this launch's part to what the rows hold
+            dq += gl.load(dq_ptrs, mask=mask, other=0.0).to(gl.float32)
+        gl.store(dq_ptrs, dq.to(dq_base.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _dq_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dq_ptr,
+    cu_q_ptr,
+    cu_k_ptr,
+    cup_q_ptr,
+    cup_k_ptr,
+    pos_q_ptr,
+    pos_k_ptr,
+    rows_q,
+    rows_k,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_dqt,
+    stride_dqh,
+    stride_lse_h,
+    sm_scale,
+    window_left,
+    window_right,
+    GROUP: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    HAS_POSITIONS: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
+    NUM_WARPS: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):
+    head = gl.program_id(1)
+    b = gl.program_id(2)
+    num_seqs = gl.num_programs(2) - 1
+    dq_head = dq_ptr + head * stride_dqh
+    if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
+        _zero_padding(
+            dq_head, stride_dqt, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, HEAD_DIM, BLOCK_M, NUM_WARPS
+        )
+    if b == num_seqs:
+        return
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
+        cu_q_ptr,
+        cup_q_ptr,
+        cu_k_ptr,
+        cup_k_ptr,
+        pos_q_ptr,
+        pos_k_ptr,
+        b,
+        rows_q,
+        rows_k,
+        window_left,
+        window_right,
+        HAS_POSITIONS,
+    )
+    kv_head = head // GROUP
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    smem: gl.constexpr = _SMEM_LAYOUT
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem)
+    do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem)
+    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], smem)
+    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], smem)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=NUM_CONSUMERS)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
+    fence_async_shared()
+    q_base = q_ptr + q_start.to(gl.int64) * stride_qt + head * stride_qh
+    do_base = do_ptr + q_start.to(gl.int64) * stride_dot + head * stride_doh
+    k_base = k_ptr + k_start.to(gl.int64) * stride_kt + kv_head * stride_kh
+    v_base = v_ptr + k_start.to(gl.int64) * stride_vt + kv_head * stride_vh
+    lse_base = lse_ptr + head * stride_lse_h + q_start
+    delta_base = delta_ptr + head * stride_lse_h + q_start
+    dq_base = dq_head + q_start.to(gl.int64) * stride_dqt
+    first = gl.program_id(0)
+    step = gl.num_programs(0)
+    WG_ROWS: gl.constexpr = BLOCK_M // NUM_CONSUMERS
+    FIRST_WG: gl.constexpr = 0
+    SECOND_WG: gl.constexpr = 1
+    consumer = (
+        lse_base,
+        delta_base,
+        dq_base,
+        stride_dqt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        first,
+        step,
+        sm_scale,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        ready,
+        empty,
+    )
+    producer = (
+        q_base,
+        do_base,
+        k_base,
+        v_base,
+        stride_qt,
+        stride_dot,
+        stride_kt,
+        stride_vt,
+        seqlen_q,
+        seqlen_k,
+        d_lo,
+        d_hi,
+        first,
+        step,
+        q_smem,
+        do_smem,
+        k_smem,
+        v_smem,
+        q_ready,
+        q_empty,
+        ready,
+        empty,
+    )
+    if NUM_CONSUMERS == 1:
+        gl.warp_specialize(
+            [
+                (
+                    _dq_consumer,
+                    (
+                        consumer,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        FIRST_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (_dq_producer, (producer, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES)),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )
+    else:  # two consumer warpgroups, each its half of the query tile, ordered only by the ring
+        gl.warp_specialize(
+            [
+                (
+                    _dq_consumer,
+                    (
+                        consumer,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        FIRST_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (
+                    _dq_consumer,
+                    (
+                        consumer,
+                        HEAD_DIM,
+                        HAS_LEFT,
+                        HAS_RIGHT,
+                        ACCUMULATE,
+                        BLOCK_M,
+                        BLOCK_N,
+                        NUM_STAGES,
+                        NUM_WARPS,
+                        SECOND_WG,
+                        WG_ROWS,
+                    ),
+                ),
+                (_dq_producer, (producer, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES)),
+            ],
+            [NUM_WARPS, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )

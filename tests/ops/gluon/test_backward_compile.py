@@ -1,0 +1,70 @@
+"""The Gluon backward kernels compile for sm_90 on a machine without a GPU, and their PTX is the
+FA3 structure: async wgmma, TMA bulk-tensor loads against mbarriers, register budgets moved by
+``setmaxnreg`` to the consumer warpgroups, fp32 atomics for dQ on the default path.
+
+Compiles in a subprocess (``tests/ops/gluon/_compile_bwd_sm90.py``, ``TRITON_INTERPRET`` unset,
+fresh ``TRITON_CACHE_DIR``): with this interpreter's Triton (CI: 3.9) and with the Triton 3.6 the
+GPU machine runs, through the interpreter named by ``THD_TRITON36_PYTHON`` (skipped when unset).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "tests" / "ops" / "gluon" / "_compile_bwd_sm90.py"
+CONFIGS = ("dkdv-d128", "dq-d64")  # the two kernels; each compile takes seconds on CI's two cores
+
+
+def _compile(python: str) -> dict[str, dict[str, object]]:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = env.get("TRITON_DEFAULT_FP_FUSION", "1")
+    with tempfile.TemporaryDirectory() as cache:
+        env["TRITON_CACHE_DIR"] = cache
+        proc = subprocess.run(
+            [python, str(SCRIPT), *CONFIGS],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    stats = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {s["name"]: s for s in stats}  # type: ignore[misc]
+
+
+def _assert_fa3_structure(stats: dict[str, dict[str, object]]) -> None:
+    assert set(stats) == set(CONFIGS)
+    for name, s in stats.items():
+        for marker in ("wgmma", "wgmma_wait", "tma_load", "mbarrier_expect", "mbarrier_wait", "sm_90a"):
+            assert s[marker] > 0, (name, marker, s)  # type: ignore[operator]
+        assert s["setmaxnreg"] > 0, (name, s)  # type: ignore[operator]
+        maxnreg = s["maxnreg"]
+        assert 24 in maxnreg and 240 in maxnreg, (name, maxnreg)  # type: ignore[operator]
+        assert s["num_warps"] == 12, (name, s)  # 8 consumer warps + a producer warpgroup
+    assert stats["dkdv-d128"]["atomic_f32"] > 0  # type: ignore[operator]
+    assert stats["dq-d64"]["atomic_f32"] == 0
+
+
+def test_compiles_for_sm90_with_this_triton() -> None:
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    _assert_fa3_structure(_compile(sys.executable))
+
+
+def test_compiles_for_sm90_with_triton_3_6() -> None:
+    python = os.environ.get("THD_TRITON36_PYTHON")
+    if not python:
+        pytest.skip("THD_TRITON36_PYTHON unset: no Triton 3.6 interpreter to compile with")
+    stats = _compile(python)
+    assert all(str(s["triton"]).startswith("3.6") for s in stats.values()), stats
+    _assert_fa3_structure(stats)
+    # On the GPU machine's toolchain the tiles fit their register budgets without spilling.
+    assert all(s["spill_bytes"] == 0 for s in stats.values()), stats

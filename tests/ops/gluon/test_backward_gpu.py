@@ -1,0 +1,265 @@
+"""The Gluon sm_90 backward on the GPU against two oracles: autograd through the torch reference
+(``thd.ops.attention.reference.attention`` in fp32 on the same rounded inputs) and the tl backward
+(``thd.ops.attention.launch.backward``) on the same ``out`` / ``lse``.
+
+Layouts: packed and padded slots with spare capacity, padding rows of q, k, v (and out, dO) NaN;
+gradients must match on real rows and be exact zeros on padding rows. Both dQ paths run (fp32
+atomics from the dK/dV kernel, forced through ``ATOMIC_DQ``; its own kernel, the default and the
+deterministic path, which must be bitwise reproducible), and both consumer structures (one
+8-warp partition, the default tiles; two 4-warp partitions, ``TWO_CONSUMER_TILES``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+from tests._helpers import Layout, assert_rows_equal, make_layout, make_qkv, poison_rows
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from thd.ops.attention import launch, reference  # noqa: E402
+from thd.ops.attention.gluon import backward as gluon_backward  # noqa: E402
+from thd.ops.attention.params import AttentionOptions, VarlenLayout  # noqa: E402
+
+if torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("the Gluon kernels are sm_90 only", allow_module_level=True)
+
+DEVICE = "cuda"
+GRADS = ("dq", "dk", "dv")
+
+LAYOUTS = {
+    "packed": make_layout("packed", [300, 1000, 77, 513]),
+    "padded": make_layout("padded", [300, 1000, 77, 513], pad_q=[5, 0, 51, 128], capacity_q=70),
+    "cross": make_layout("cross", [200, 64, 700], [900, 64, 129], pad_q=3, pad_kv=[0, 17, 64], capacity_q=9),
+}
+
+
+def _varlen(layout: Layout) -> VarlenLayout:
+    cu_q, cup_q = layout.cu("q", DEVICE)
+    cu_kv, cup_kv = layout.cu("kv", DEVICE)
+    return VarlenLayout(
+        cu_q,
+        cu_kv,
+        cup_q if layout.padded else None,
+        cup_kv if layout.padded else None,
+        layout.max_seqlen_q,
+        layout.max_seqlen_kv,
+    )
+
+
+def _case(layout: Layout, heads: tuple[int, int], dim: int, dtype: torch.dtype, options: AttentionOptions):
+    q, k, v, do = make_qkv(layout, heads[0], heads[1], dim, dim, dtype, DEVICE)
+    varlen = _varlen(layout)
+    out, lse = launch.forward(q, k, v, varlen, options)
+    real_q = layout.real_rows("q", DEVICE)
+    do = poison_rows(do, real_q)
+    out = poison_rows(out, real_q)  # the backward reads neither on padding rows
+    return q, k, v, do, out, lse, varlen
+
+
+def _reference_grads(q, k, v, do, layout: Layout, options: AttentionOptions, sinks=None) -> dict[str, Tensor]:
+    """fp32 autograd through the torch reference; NaN padding rows are never read by it."""
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    sink_leaf = None if sinks is None else sinks.float().requires_grad_()
+    kwargs = layout.kwargs(DEVICE)
+    out = reference.attention(
+        *leaves,
+        **kwargs,
+        causal=options.causal,
+        softmax_scale=options.softmax_scale,
+        window_size=options.window_size,
+        sinks=sink_leaf,
+    )
+    real_q = layout.real_rows("q", DEVICE)[:, None, None]
+    out.backward(torch.where(real_q, do.float(), 0.0))
+    grads = dict(zip(GRADS, (t.grad for t in leaves), strict=True))
+    if sink_leaf is not None:
+        grads["dsinks"] = sink_leaf.grad
+    return grads
+
+
+def _rel_err(actual: Tensor, expected: Tensor, rows: Tensor) -> float:
+    a, e = actual[rows].double(), expected[rows].double()
+    return float((a - e).norm() / e.norm().clamp_min(1e-30))
+
+
+def _check(layout: Layout, got, tl_grads, ref: dict[str, Tensor], limit: float = 2e-2) -> None:
+    real = {"dq": layout.real_rows("q", DEVICE), "dk": layout.real_rows("kv", DEVICE)}
+    real["dv"] = real["dk"]
+    for name, g, t in zip(GRADS, got[:3], tl_grads[:3], strict=True):
+        assert_rows_equal(g, ~real[name], 0.0, f"gluon {name} padding")
+        assert bool(torch.isfinite(g[real[name]]).all()), f"gluon {name}: non-finite on real rows"
+        err, tl_err = _rel_err(g, ref[name], real[name]), _rel_err(t, ref[name], real[name])
+        # as close to the fp32 oracle as the tl kernels are (bf16 rounding of P and dS in both)
+        assert err < limit and err <= 1.25 * tl_err + 1e-3, f"{name}: gluon {err:.2e}, tl {tl_err:.2e}"
+
+
+def _both(do, q, k, v, out, lse, varlen, options, **kwargs):
+    got = gluon_backward.backward(do, q, k, v, out, lse, varlen, options, **kwargs)
+    tl_grads = launch.backward(do, q, k, v, out, lse, varlen, options, **kwargs)
+    return got, tl_grads
+
+
+@pytest.fixture
+def atomic_dq(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gluon_backward, "ATOMIC_DQ", True)
+
+
+@pytest.fixture
+def two_consumers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gluon_backward, "TILES", dict(gluon_backward.TWO_CONSUMER_TILES))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize(
+    ("layout_name", "causal", "dim", "heads"),
+    [
+        ("packed", True, 128, (4, 4)),
+        ("padded", True, 64, (8, 2)),
+        ("padded", False, 128, (6, 3)),
+        ("cross", True, 128, (4, 1)),
+        ("cross", False, 64, (4, 4)),
+    ],
+)
+def test_gradients_match_reference_and_tl(
+    layout_name, causal, dim, heads, deterministic, dtype, monkeypatch
+) -> None:
+    monkeypatch.setattr(gluon_backward, "ATOMIC_DQ", not deterministic)
+    layout = LAYOUTS[layout_name]
+    options = AttentionOptions(dim**-0.5, causal=causal, deterministic=deterministic)
+    q, k, v, do, out, lse, varlen = _case(layout, heads, dim, dtype, options)
+    assert gluon_backward.supports_backward(q, k, v, varlen, options)
+    got, tl_grads = _both(do, q, k, v, out, lse, varlen, options)
+    assert [g.dtype for g in got[:3]] == [dtype] * 3 and got[3] is None
+    _check(layout, got, tl_grads, _reference_grads(q, k, v, do, layout, options))
+
+
+@pytest.mark.parametrize("window", [(100, 0), (37, 200), (-1, 60)])
+def test_window_and_sinks(window) -> None:
+    layout = LAYOUTS["padded"]
+    options = AttentionOptions(0.1, window_size=window)
+    sinks = torch.randn(4, device=DEVICE)
+    q, k, v, do = make_qkv(layout, 4, 2, 128, 128, torch.bfloat16, DEVICE)
+    varlen = _varlen(layout)
+    out, lse = launch.forward(q, k, v, varlen, options, sinks=sinks)
+    do = poison_rows(do, layout.real_rows("q", DEVICE))
+    got, tl_grads = _both(do, q, k, v, out, lse, varlen, options, sinks=sinks)
+    ref = _reference_grads(q, k, v, do, layout, options, sinks)
+    _check(layout, got, tl_grads, ref)
+    torch.testing.assert_close(got[3].float(), ref["dsinks"], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.usefixtures("atomic_dq")
+def test_accumulate_adds_on_real_rows_only() -> None:
+    layout = LAYOUTS["padded"]
+    options = AttentionOptions(128**-0.5, causal=True)
+    q, k, v, do, out, lse, varlen = _case(layout, (4, 2), 128, torch.bfloat16, options)
+    start = [torch.randn(t.shape, device=DEVICE) for t in (q, k, v)]
+    for deterministic in (False, True):
+        opts = AttentionOptions(options.softmax_scale, causal=True, deterministic=deterministic)
+        buffers = tuple(s.clone() for s in start)
+        got = gluon_backward.backward(do, q, k, v, out, lse, varlen, opts, accumulate=buffers)
+        assert all(g is b for g, b in zip(got[:3], buffers, strict=True))
+        fresh = launch.backward(do, q, k, v, out, lse, varlen, opts)
+        for name, g, s, f, side in zip(GRADS, got[:3], start, fresh[:3], "qkk", strict=True):
+            real = layout.real_rows("q" if side == "q" else "kv", DEVICE)
+            assert torch.equal(g[~real], s[~real]), f"{name}: a padding row changed"
+            torch.testing.assert_close(g[real] - s[real], f[real].float(), atol=3e-2, rtol=3e-2)
+
+
+def _run_twice(fn: Callable[[], tuple]) -> tuple[tuple, tuple]:
+    return fn(), fn()
+
+
+def test_deterministic_backward_is_bitwise_reproducible() -> None:
+    layout = LAYOUTS["padded"]
+    options = AttentionOptions(64**-0.5, causal=True, deterministic=True)
+    q, k, v, do, out, lse, varlen = _case(layout, (8, 2), 64, torch.bfloat16, options)
+    first, second = _run_twice(lambda: gluon_backward.backward(do, q, k, v, out, lse, varlen, options))
+    for name, a, b in zip(GRADS, first[:3], second[:3], strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_use_deterministic_algorithms_selects_the_split_dq() -> None:
+    layout = LAYOUTS["packed"]
+    options = AttentionOptions(128**-0.5, causal=True)
+    q, k, v, do, out, lse, varlen = _case(layout, (4, 4), 128, torch.bfloat16, options)
+    explicit = gluon_backward.backward(
+        do, q, k, v, out, lse, varlen, AttentionOptions(128**-0.5, causal=True, deterministic=True)
+    )
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        implied = gluon_backward.backward(do, q, k, v, out, lse, varlen, options)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    for name, a, b in zip(GRADS, explicit[:3], implied[:3], strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_nan_in_a_real_row_propagates() -> None:
+    layout = LAYOUTS["padded"]
+    options = AttentionOptions(128**-0.5, causal=True)
+    q, k, v, do, out, lse, varlen = _case(layout, (4, 4), 128, torch.bfloat16, options)
+    k = k.clone()
+    k[305, 1, 5] = float("nan")  # sequence 1's first real key row (slot 0 is 305 rows)
+    dq, dk, _, _ = gluon_backward.backward(do, q, k, v, out, lse, varlen, options)
+    assert bool(dq[305:1305, 1].isnan().all(dim=-1).any()) and bool(dk[305, 1].isnan().any())
+    real_q, real_kv = layout.real_rows("q", DEVICE), layout.real_rows("kv", DEVICE)
+    assert_rows_equal(dq, ~real_q, 0.0, "dq padding")
+    assert_rows_equal(dk, ~real_kv, 0.0, "dk padding")
+    assert not bool(dq[:300].isnan().any()), "NaN leaked into another sequence"
+    assert not bool(dk[:300].isnan().any()), "NaN leaked into another sequence"
+
+
+@pytest.mark.usefixtures("atomic_dq")
+def test_no_host_sync(no_host_reads) -> None:
+    layout = LAYOUTS["padded"]
+    options = AttentionOptions(64**-0.5, causal=True)
+    q, k, v, do, out, lse, varlen = _case(layout, (4, 2), 64, torch.bfloat16, options)
+    for deterministic in (False, True):
+        opts = AttentionOptions(options.softmax_scale, causal=True, deterministic=deterministic)
+        gluon_backward.backward(do, q, k, v, out, lse, varlen, opts)
+
+
+@pytest.mark.usefixtures("two_consumers")
+@pytest.mark.parametrize(
+    ("layout_name", "causal", "window", "dim", "heads"),
+    [
+        ("padded", True, (-1, -1), 64, (8, 2)),
+        ("padded", True, (-1, -1), 128, (4, 4)),
+        ("cross", False, (-1, -1), 128, (4, 1)),
+        ("padded", False, (37, 200), 64, (4, 2)),
+    ],
+)
+def test_two_consumer_partitions(layout_name, causal, window, dim, heads) -> None:
+    layout = LAYOUTS[layout_name]
+    options = AttentionOptions(dim**-0.5, causal=causal, window_size=window)
+    q, k, v, do, out, lse, varlen = _case(layout, heads, dim, torch.bfloat16, options)
+    got, tl_grads = _both(do, q, k, v, out, lse, varlen, options)
+    _check(layout, got, tl_grads, _reference_grads(q, k, v, do, layout, options))
+    again = gluon_backward.backward(do, q, k, v, out, lse, varlen, options)
+    for name, a, b in zip(GRADS, got[:3], again[:3], strict=True):
+        assert torch.equal(a, b), f"{name} not reproducible"
+
+
+def test_supports_backward_turns_down_what_it_does_not_cover() -> None:
+    layout = _varlen(LAYOUTS["packed"])
+    plain = AttentionOptions(0.1, causal=True)
+    q = torch.randn(64, 4, 128, device=DEVICE, dtype=torch.bfloat16)
+    assert gluon_backward.supports_backward(q, q, q, layout, plain)
+    assert not gluon_backward.supports_backward(q, q, q, layout, AttentionOptions(0.1, softcap=30.0))
+    assert not gluon_backward.supports_backward(q.float(), q.float(), q.float(), layout, plain)
+    q96 = torch.randn(64, 4, 96, device=DEVICE, dtype=torch.bfloat16)
+    assert not gluon_backward.supports_backward(q96, q96, q96, layout, plain)
+    v64 = torch.randn(64, 4, 64, device=DEVICE, dtype=torch.bfloat16)
+    assert not gluon_backward.supports_backward(q, q, v64, layout, plain)  # D != Dv stays on tl
+    assert not gluon_backward.supports_backward(q.cpu(), q.cpu(), q.cpu(), layout, plain)
