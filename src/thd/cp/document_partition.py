@@ -3,10 +3,12 @@
 :func:`document_layout` turns a plan into rank ``r``'s :class:`DocumentLayout`: the gather index
 of every buffer row into the global batch, the token positions, and the ``cu_seqlens`` of its
 local documents (for :func:`thd.attention`) and of the ring documents (the GLOBAL ring layout
-:func:`thd.cp.ring_attention` takes, and this rank's share of it). Index math runs once per
-plan on the host (numpy); :func:`partition_documents` and :func:`unpartition_documents` are
-then device-side gathers (``index_select`` and a ``masked_fill``): no host sync, capturable
-in a CUDA graph for a fixed buffer size (copy each step's index into the captured one).
+:func:`thd.cp.ring_attention` takes, and this rank's share of it). The rank's pieces go to the
+device as one small table and are expanded there into the row index (a search, no host sync);
+:func:`partition_documents` is then a device-side gather (``index_select`` and a
+``masked_fill``): no host sync, capturable in a CUDA graph for a fixed buffer size (copy each
+step's index into the captured one). :func:`unpartition_documents` is one gather by an index
+built on the host from the plan.
 
 The global batch is the caller's packed buffer: document ``d`` at rows ``[offsets[d],
 offsets[d] + lengths[d])`` (default ``offsets``: the lengths back to back), anything else
@@ -107,6 +109,26 @@ def _cumsum32(values: Sequence[int], device: torch.device) -> Tensor:
     )
 
 
+def _buffer_rows(
+    plan: DocumentPlan, rank: int, first_row: np.ndarray, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(index, valid, positions)`` of every buffer row, expanded on ``device`` from the rank's
+    piece table (one small host-to-device copy; a search and a few elementwise ops)."""
+    doc, start, stop, buffer_row = plan.piece_table(rank)
+    table = (
+        np.stack((buffer_row, stop - start, first_row[doc] + start, start)) if doc.size else np.zeros((4, 1))
+    )
+    t = torch.tensor(table, dtype=torch.int64, device=device)
+    rows = torch.arange(plan.rows, dtype=torch.int64, device=device)
+    piece = torch.searchsorted(t[0], rows, right=True) - 1
+    at = piece.clamp(min=0)
+    offset = rows - t[0][at]
+    valid = (piece >= 0) & (offset < t[1][at])
+    index = torch.where(valid, t[2][at] + offset, 0)
+    positions = torch.where(valid, t[3][at] + offset, 0)
+    return index, valid, positions
+
+
 def document_layout(
     plan: DocumentPlan,
     rank: int,
@@ -117,22 +139,14 @@ def document_layout(
     """Rank ``rank``'s :class:`DocumentLayout` of ``plan`` on ``device`` (default CPU).
 
     ``offsets``: first global row of each document in the caller's packed buffer (default
-    the lengths back to back). Host work, plus small host-to-device copies; no device reads.
+    the lengths back to back). Host work on the pieces, small host-to-device copies and a few
+    device ops over the buffer's rows; no device reads.
     """
     fn = "document_layout"
     plan = _check_plan(fn, plan)
     check_cp(fn, plan.cp_size, rank)
     device = torch.device("cpu") if device is None else torch.device(device)
-    doc, start, stop, buffer_row = plan.piece_table(rank)
-    count = stop - start
-    first_row = _offsets(plan, offsets, fn)
-    index = np.zeros(plan.rows, dtype=np.int64)
-    positions = np.zeros(plan.rows, dtype=np.int64)
-    valid = np.zeros(plan.rows, dtype=bool)
-    rows = _aranges(buffer_row, count)
-    index[rows] = _aranges(first_row[doc] + start, count)
-    positions[rows] = _aranges(start, count)
-    valid[rows] = True
+    index, valid, positions = _buffer_rows(plan, rank, _offsets(plan, offsets, fn), device)
     lengths = np.asarray(plan.lengths, dtype=np.int64)
     local = np.asarray(plan.local_documents[rank], dtype=np.int64)
     ring = np.asarray(plan.ring_documents, dtype=np.int64)
@@ -146,9 +160,9 @@ def document_layout(
         cp_rank=rank,
         rows=plan.rows,
         ring_rows=plan.ring_rows,
-        index=torch.from_numpy(index).to(device),
-        valid=torch.from_numpy(valid).to(device),
-        positions=torch.from_numpy(positions).to(device),
+        index=index,
+        valid=valid,
+        positions=positions,
         local_cu_seqlens=_cumsum32(lengths[local], device),
         local_max_seqlen=int(lengths[local].max()) if local.size else 0,
         ring_cu_seqlens=ring_cu,
