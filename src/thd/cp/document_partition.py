@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from thd.cp.documents import DocumentPlan
+from thd.cp.partition import check_rows_tensor, local_cu_seqlens_padded, rank_cu_seqlens
 from thd.errors import ThdTypeError, ThdValueError
 from thd.layout import check_cp
 
@@ -152,8 +153,6 @@ def document_layout(
     ring = np.asarray(plan.ring_documents, dtype=np.int64)
     ring_cu = _cumsum32(lengths[ring], device)
     ring_cup = _cumsum32(plan.ring_slots, device)
-    from thd.cp.partition import local_cu_seqlens_padded, rank_cu_seqlens
-
     ring_len = lengths[ring]
     return DocumentLayout(
         cp_size=plan.cp_size,
@@ -174,16 +173,6 @@ def document_layout(
     )
 
 
-def _rows_tensor(fn: str, name: str, x: object) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise ThdTypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dim() < 1:
-        raise ThdValueError(
-            f"{fn}: {name} shape: expected [T, ...] with at least one dim, got {list(x.shape)}"
-        )
-    return x
-
-
 def partition_documents(x: Tensor, layout: DocumentLayout, *, padding_value: float = 0) -> Tensor:
     """This rank's buffer of the global rows ``x`` (``[T, ...]``): ``[layout.rows, ...]``, a copy.
 
@@ -191,7 +180,7 @@ def partition_documents(x: Tensor, layout: DocumentLayout, *, padding_value: flo
     Two device ops (a gather and a masked fill), no host sync.
     """
     fn = "partition_documents"
-    x = _rows_tensor(fn, "x", x)
+    x = check_rows_tensor(fn, "x", x)
     if not isinstance(layout, DocumentLayout):
         raise ThdTypeError(f"{fn}: layout: expected a DocumentLayout, got {type(layout).__name__}")
     index, valid = layout.index.to(x.device), layout.valid.to(x.device)
@@ -215,9 +204,9 @@ def unpartition_documents(
     plan = _check_plan(fn, plan)
     if isinstance(shards, Tensor) or not isinstance(shards, Sequence) or len(shards) != plan.cp_size:
         raise ThdValueError(f"{fn}: shards: expected a sequence of cp_size = {plan.cp_size} tensors")
-    first = _rows_tensor(fn, "shards[0]", shards[0])
+    first = check_rows_tensor(fn, "shards[0]", shards[0])
     for r, s in enumerate(shards):
-        s = _rows_tensor(fn, f"shards[{r}]", s)
+        s = check_rows_tensor(fn, f"shards[{r}]", s)
         if (
             s.shape != first.shape
             or s.shape[0] != plan.rows
