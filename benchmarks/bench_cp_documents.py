@@ -10,8 +10,9 @@ Parts (``--parts``):
   document-aware plan ``R = plan.ring_rows`` (only its ring documents; 0 when it has none, then
   no ring call is made). Layer shape: Llama-3-8B (8 KV heads, head_dim 128, bf16).
 - ``planning`` (host only): :func:`thd.cp.plan_documents` on 1M tokens of each mix (best and
-  median of ``--plan-reps`` calls), and :func:`thd.cp.document_layout` of rank 0 on the CPU
-  (the host index of its buffer).
+  median wall time of ``--plan-reps`` calls, and the median process CPU time, which other
+  processes on a shared host do not inflate), and :func:`thd.cp.document_layout` of rank 0 on
+  ``--device`` (its piece table copied over and expanded into the buffer's row index there).
 - ``balance`` (one device): every rank's work timed on its own, as
   ``benchmarks/bench_ring_window.py`` does: its local documents through :func:`thd.attention`,
   its ring region through the ring's own loops with loopback exchanges (compute only; the plan
@@ -116,20 +117,25 @@ def measure_planning(args: argparse.Namespace) -> list[dict[str, Any]]:
     for mix in args.mixes:
         lengths = document_lengths(args.plan_tokens, mix, args.seed)
         for cp in args.cp:
-            times, plan = [], None
+            times, cpu_times, plan = [], [], None
             for _ in range(args.plan_reps):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 plan = plan_documents(lengths, cp)
+                cpu_times.append((time.process_time() - start_cpu) * 1e3)
                 times.append((time.perf_counter() - start) * 1e3)
             assert plan is not None
             layout_ms = []
-            for _ in range(max(1, args.plan_reps // 10)):
+            device = torch.device(args.device)
+            for _ in range(max(2, args.plan_reps // 10)):
                 start = time.perf_counter()
-                document_layout(plan, 0)
+                document_layout(plan, 0, device=device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
                 layout_ms.append((time.perf_counter() - start) * 1e3)
             out.append({
                 "part": "planning", "mix": mix, "cp": cp, "tokens": sum(lengths), "docs": len(lengths),
                 "plan_min_ms": min(times), "plan_median_ms": statistics.median(times), "reps": len(times),
+                "plan_cpu_median_ms": statistics.median(cpu_times),
                 "layout_rank0_median_ms": statistics.median(layout_ms),
                 "ring_documents": len(plan.ring_documents), "cost_imbalance": plan.imbalance,
             })  # fmt: skip

@@ -1,9 +1,10 @@
-"""Benchmark: training a transformers model with ``attn_implementation="thd"`` on packed batches
-against ``"sdpa"`` on right-padded batches of the same documents.
+"""Benchmark: training a transformers model with ``attn_implementation="thd"`` on a packed row
+against ``"sdpa"`` on right-padded rows and against sdpa and flex_attention on the same packed row.
 
 A small Llama-shaped model (default 8 layers, hidden 2048, 16 heads of 128, bf16, random
 weights from a config) trains on one batch of random-length documents (uniform in
-``[--min-len, --max-len]``, ``--tokens`` real tokens in all):
+``[--min-len, --max-len]``, ``--tokens`` real tokens in all). Providers (``--providers``), every
+one on the same documents in the same run:
 
 - ``thd``: one packed row ``[1, T]`` with the ``cu_seq_lens_*`` / ``max_length_*`` kwargs of
   ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` (no padding, no host sync in
@@ -11,24 +12,33 @@ weights from a config) trains on one batch of random-length documents (uniform i
 - ``sdpa``: the same documents as a right-padded ``[B, W]`` batch with a 2-D ``attention_mask``
   (transformers builds the 4-D mask), what a user without packing runs; ``W`` is the longest
   document rounded up to ``--pad-to-multiple-of`` (64, like a tokenizer's ``pad_to_multiple_of``;
-  it also keeps sdpa's masked kernels on aligned rows).
+  it also keeps sdpa's masked kernels on aligned rows);
+- ``sdpa_packed`` and ``flex_packed``: what a user who already packs runs without thd: the
+  same packed row with ``position_ids`` only (``DataCollatorWithFlattening()``), from which
+  transformers builds the document-causal mask (a dense 4-D mask for sdpa, a block mask for
+  ``attn_implementation="flex_attention"``, compiled by transformers).
 
 A step is forward, loss, backward and a fused AdamW update. After ``--warmup`` steps (compiles,
 allocator), ``--steps`` steps are timed one by one (synchronized wall time). Tokens/s counts real
 tokens only; ``tflops`` is the useful work per second (``6 * matmul parameters * real tokens``
-plus causal attention over the real documents, the same count for both providers); peak memory
+plus causal attention over the real documents, the same count for every provider); peak memory
 is ``torch.cuda.max_memory_allocated`` over the timed steps (``None`` on a CPU). The loss of every
 step is recorded; the first step's (same weights, same documents) must agree between the
-providers. A provider that fails (e.g. out of memory) records its error and the run goes on.
+providers, as must ``initial_loss`` and ``probe_logits`` (one untimed forward without gradients
+before training; ``initial_agreement`` gives each provider's distance to thd: the logits are what
+shows attention across documents). A provider that fails (e.g. out of memory, or flex's missing
+CPU backward) records its error and the run goes on. ``summary`` compares thd with
+right-padded sdpa (top-level keys, as before) and with every baseline (``against``).
 
     PYTHONPATH=src:. python3 benchmarks/bench_transformers.py --out benchmarks/results/transformers.json
 
 Defaults (8 layers, hidden 2048, 32768 tokens of 64..4096-token documents, 3 + 10 steps per
 provider): about 105 TFLOP of useful work per step; on an H200 (code 2011187) 280 ms per thd
-step and 568 ms per sdpa step (its padded rows); the whole committed run took 28 s.
-``--quick`` is a tiny smoke configuration (2 layers, hidden 128, 1024 tokens) that also runs on
-a CPU in seconds (``--device cpu``; thd then runs its torch reference, or the Triton interpreter
-under ``TRITON_INTERPRET=1``).
+step and 568 ms per sdpa step (its padded rows); the whole committed run (thd and sdpa only)
+took 28 s. ``--quick`` is a tiny smoke configuration (2 layers, hidden 128, 1024 tokens) that
+also runs on a CPU (``--device cpu``; thd then runs its torch reference, or the Triton
+interpreter under ``TRITON_INTERPRET=1``; flex_attention has no CPU backward, so ``flex_packed``
+records that error after its initial check).
 """
 
 from __future__ import annotations
@@ -46,7 +56,19 @@ from typing import Any
 import torch
 from _common import attention_flops, command_line, env_fingerprint, error_text, make_record, write_json
 
-PROVIDERS = ("thd", "sdpa")
+PROVIDERS = ("thd", "sdpa", "sdpa_packed", "flex_packed")
+# provider -> (attn_implementation, batch form); every provider trains on the same documents.
+SETUPS = {
+    "thd": ("thd", "packed"),  # one row, DataCollatorWithFlattening's cu_seq_lens_* kwargs
+    "sdpa": ("sdpa", "padded"),  # right-padded rows, 2-D attention_mask
+    "sdpa_packed": ("sdpa", "position_ids"),  # one row, document mask from position_ids
+    "flex_packed": ("flex_attention", "position_ids"),
+}
+BATCH_FORMS = {
+    "packed": "one packed row with DataCollatorWithFlattening(return_flash_attn_kwargs=True) kwargs",
+    "padded": "right-padded rows with a 2-D attention_mask",
+    "position_ids": "one packed row with position_ids only (transformers builds the document mask)",
+}
 # --quick: parser defaults of a tiny smoke run (explicit flags still win).
 QUICK = {
     "tokens": 1024,
@@ -76,10 +98,16 @@ def make_documents(lengths: Sequence[int], vocab: int, seed: int) -> list[list[i
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def packed_batch(docs: Sequence[list[int]], device: torch.device) -> dict[str, Any]:
+def packed_batch(
+    docs: Sequence[list[int]], device: torch.device, flash_kwargs: bool = True
+) -> dict[str, Any]:
+    """One packed row: ``input_ids``, ``labels``, ``position_ids`` and, with ``flash_kwargs``, the
+    ``cu_seq_lens_*`` / ``max_length_*`` kwargs. Without them transformers' sdpa and flex paths
+    find the documents from ``position_ids`` (``find_packed_sequence_indices``) and mask across them."""
     from transformers import DataCollatorWithFlattening
 
-    batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": d} for d in docs])
+    collate = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs)
+    batch = collate([{"input_ids": d} for d in docs])
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
@@ -104,6 +132,15 @@ def step_flops(args: argparse.Namespace, lengths: Sequence[int]) -> float:
     params = args.layers * per_layer + args.vocab * args.hidden
     attention = attention_flops(lengths, lengths, args.heads, head_dim, causal=True, mode="fwd_bwd")
     return 6.0 * params * sum(lengths) + args.layers * attention
+
+
+def provider_batch(
+    provider: str, docs: Sequence[list[int]], args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
+    form = SETUPS[provider][1]
+    if form == "padded":
+        return padded_batch(docs, device, args.pad_to_multiple_of)
+    return packed_batch(docs, device, flash_kwargs=form == "packed")
 
 
 def make_model(args: argparse.Namespace, impl: str, device: torch.device) -> torch.nn.Module:
@@ -136,11 +173,49 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+PROBE_LOGITS = 8
+
+
+def probe_positions(form: str, lengths: Sequence[int]) -> tuple[list[int], list[int]]:
+    """``(batch rows, positions)`` of the first and last token of every document in a batch of
+    ``form``: where attention across documents would show first."""
+    rows, positions, start = [], [], 0
+    for b, n in enumerate(lengths):
+        row, first = (b, 0) if form == "padded" else (0, start)
+        rows += [row, row]
+        positions += [first, first + n - 1]
+        start += n
+    return rows, positions
+
+
+def initial_check(
+    model: torch.nn.Module, batch: dict[str, Any], form: str, lengths: Sequence[int]
+) -> dict[str, Any]:
+    """One untimed forward of the untrained model without gradients: the loss and the first
+    ``PROBE_LOGITS`` logits at :func:`probe_positions`. Providers that compute the same
+    document-causal attention agree on both; the loss alone barely moves at initialization (a
+    model attending across documents changed it by 7e-4 in the quick configuration, its probe
+    logits by 0.4, while the providers' probes agree to 0.004). Also runs where a provider cannot train (flex_attention on a CPU)."""
+    with torch.no_grad():
+        res = model(**batch, use_cache=False)
+    rows, positions = probe_positions(form, lengths)
+    probe = res.logits[rows, positions, :PROBE_LOGITS].float()
+    return {"initial_loss": float(res.loss), "probe_logits": probe.tolist()}
+
+
+def agreement(thd_rec: dict[str, Any], other: dict[str, Any]) -> dict[str, float]:
+    """How far a provider's :func:`initial_check` is from thd's."""
+    gap = torch.tensor(other["probe_logits"]) - torch.tensor(thd_rec["probe_logits"])
+    return {
+        "initial_loss_abs_diff": abs(other["initial_loss"] - thd_rec["initial_loss"]),
+        "probe_logits_max_abs_diff": float(gap.abs().max()),
+    }
+
+
 def run_provider(
-    impl: str, batch: dict[str, Any], args: argparse.Namespace, device: torch.device
+    model: torch.nn.Module, batch: dict[str, Any], args: argparse.Namespace, device: torch.device
 ) -> dict[str, Any]:
     """Time ``args.steps`` training steps; returns timing, first loss and peak memory."""
-    model = make_model(args, impl, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
     losses: list[float] = []
 
@@ -169,6 +244,16 @@ def run_provider(
         "first_loss": losses[0],
         "losses": losses,
         "peak_memory_gib": peak,
+    }
+
+
+def compare(thd_rec: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """thd against one baseline of the same run: tokens/s ratio, peak-memory ratio, first-loss gap."""
+    memories = thd_rec["peak_memory_gib"], other["peak_memory_gib"]
+    return {
+        "speedup_tokens_per_s": thd_rec["tokens_per_s"] / other["tokens_per_s"],
+        "memory_ratio": memories[0] / memories[1] if all(memories) else None,
+        "first_loss_abs_diff": abs(thd_rec["first_loss"] - other["first_loss"]),
     }
 
 
@@ -261,16 +346,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     docs = make_documents(lengths, args.vocab, args.seed)
     shape = {"tokens": args.tokens, "documents": len(lengths), "max_len": max(lengths)}
     shape |= {"layers": args.layers, "hidden": args.hidden, "heads": args.heads}
-    for impl in args.providers:
-        if impl == "thd":
-            batch = packed_batch(docs, device)
-        else:
-            batch = padded_batch(docs, device, args.pad_to_multiple_of)
+    for provider in args.providers:
+        impl, form = SETUPS[provider]
+        batch = provider_batch(provider, docs, args, device)
         rows = batch["input_ids"].numel()  # sdpa: padding rows included
-        record = {"op": "train_step", "provider": impl, "mode": "fwd_bwd_step", "shape": shape, "rows": rows}
+        record = {
+            "op": "train_step",
+            "provider": provider,
+            "mode": "fwd_bwd_step",
+            "shape": shape,
+            "rows": rows,
+        }
+        record |= {"attn_implementation": impl, "batch": BATCH_FORMS[form]}
         provider_started = time.perf_counter()
+        model = None
         try:
-            res = run_provider(impl, batch, args, device)
+            model = make_model(args, impl, device)
+            record |= initial_check(model, batch, form, lengths)
+            res = run_provider(model, batch, args, device)
         except Exception as exc:  # e.g. out of memory: record it, run the next provider
             rec = make_record(**record, status="error", error=error_text(exc))
         else:
@@ -285,19 +378,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 peak_memory_gib=res["peak_memory_gib"],
             )
         rec["wall_s"] = time.perf_counter() - provider_started
+        del model
         _release(device)
         payload["records"].append(rec)
-        print(f"{impl:5s} rows={rows:6d} {_describe(rec)}")
+        print(f"{provider:11s} rows={rows:6d} {_describe(rec)}")
     ok = {r["provider"]: r for r in payload["records"] if r["status"] == "ok"}
-    if "thd" in ok and "sdpa" in ok:
-        payload["summary"] = {
-            "speedup_tokens_per_s": ok["thd"]["tokens_per_s"] / ok["sdpa"]["tokens_per_s"],
-            "memory_ratio": (ok["thd"]["peak_memory_gib"] / ok["sdpa"]["peak_memory_gib"])
-            if ok["thd"]["peak_memory_gib"] and ok["sdpa"]["peak_memory_gib"]
-            else None,
-            "first_loss_abs_diff": abs(ok["thd"]["first_loss"] - ok["sdpa"]["first_loss"]),
-        }
+    if "thd" in ok:
+        baselines = {p: compare(ok["thd"], rec) for p, rec in ok.items() if p != "thd"}
+        # The top-level keys stay thd against right-padded sdpa (the first committed comparison).
+        payload["summary"] = {**baselines.get("sdpa", {}), "against": baselines}
         print(f"summary: {payload['summary']}")
+    checked = {r["provider"]: r for r in payload["records"] if "probe_logits" in r}
+    if "thd" in checked:  # every provider's forward against thd's, failed trainings included
+        payload["initial_agreement"] = {
+            p: agreement(checked["thd"], r) for p, r in checked.items() if p != "thd"
+        }
     payload["wall_s"] = time.perf_counter() - started
     write_json(args.out, payload)
     return 0 if ok else 1

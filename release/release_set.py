@@ -178,6 +178,7 @@ def make_release(
         core = built.wheel_report  # release rules: the version was checked public above
         core.path = final / built.wheel.name
         reports = [core]
+        digests: dict[str, str] = {}  # file name -> sha256, from the repack that wrote it
         for flavor in table.flavors:
             say(f"repacking {flavor.name}")
             res = repack_wheel(
@@ -187,15 +188,17 @@ def make_release(
                 requires=flavor.requires,
                 outdir=final,
                 release=True,
+                hash_output=True,
                 epoch=epoch,
             )
-            assert res.report is not None
+            assert res.report is not None and res.sha256 is not None
             reports.append(res.report)
+            digests[res.output.name] = res.sha256
         alternatives = [built.project, *(f.name for f in table.flavors)]
         issues = check_release_set(reports, built.version.normalized, alternatives)
         if issues:
             raise WheelVerificationError("release set checks failed", issues)
-        artifacts = _describe(final, built.sdist.name, reports, built.project)
+        artifacts = _describe(final, built.sdist.name, reports, built.project, digests)
         sums = "".join(f"{a['sha256']}  {a['file']}\n" for a in artifacts)
         (final / "SHA256SUMS").write_text(sums, encoding="utf-8")
         manifest = {
@@ -260,7 +263,9 @@ def _previous_release(outdir: Path, overwrite: bool) -> list[Path]:
     return present
 
 
-def _describe(final: Path, sdist: str, reports: list[WheelReport], project: str) -> list[dict[str, object]]:
+def _describe(
+    final: Path, sdist: str, reports: list[WheelReport], project: str, digests: dict[str, str]
+) -> list[dict[str, object]]:
     core = canonicalize_name(project)
     out: list[dict[str, object]] = [{"file": sdist, "kind": "sdist"}]
     for r in reports:
@@ -268,7 +273,7 @@ def _describe(final: Path, sdist: str, reports: list[WheelReport], project: str)
         out.append({"file": r.path.name, "kind": kind, "name": r.name, "version": r.version, "tags": r.tags})
     for a in out:
         path = final / str(a["file"])
-        a["sha256"] = _sha256(path)
+        a["sha256"] = digests.get(path.name) or _sha256(path)
         a["size"] = path.stat().st_size
     return sorted(out, key=lambda a: str(a["file"]))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import filecmp
+import hashlib
 import os
 import re
 import tempfile
@@ -59,6 +60,7 @@ class RepackResult:
     plan: dict[str, object]
     report: WheelReport | None = None
     warnings: list[Issue] = field(default_factory=list)
+    sha256: str | None = None  # hex digest of the output file, with ``hash_output``
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -107,13 +109,15 @@ def repack_wheel(
     overwrite: bool = False,
     dry_run: bool = False,
     release: bool = False,
+    hash_output: bool = False,
     epoch: int | None = None,
     limits: Limits | None = None,
     progress: Progress | None = None,
 ) -> RepackResult:
     """Write ``wheel`` renamed to ``name`` and tagged ``tags``; see the module docstring.
 
-    ``release`` applies the release rules (no local version) to the input and the output.
+    ``release`` applies the release rules (no local version) to the input and the output;
+    ``hash_output`` also hashes the output file as it is written (:attr:`RepackResult.sha256`).
     """
     src = Path(wheel)
     try:
@@ -137,7 +141,18 @@ def repack_wheel(
         return _repack(
             archive,
             checker,
-            _Target(name, tagset, reqs, outdir, allow_extension_retag, overwrite, dry_run, release, epoch),
+            _Target(
+                name,
+                tagset,
+                reqs,
+                outdir,
+                allow_extension_retag,
+                overwrite,
+                dry_run,
+                release,
+                hash_output,
+                epoch,
+            ),
             limits,
             progress,
         )
@@ -157,6 +172,7 @@ class _Target:
     overwrite: bool
     dry_run: bool
     release: bool
+    hash_output: bool
     epoch: int | None
 
 
@@ -212,10 +228,11 @@ def _repack(
         created = _make_dirs(out_dir)
         fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=f".{out_name}.", suffix=".tmp")
         tmp = Path(tmp_name)
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(fd, "wb") as raw:
+            out = _HashingFile(raw) if to.hash_output else raw
             facts = _write(archive, out, job)
-            out.flush()
-            os.fsync(out.fileno())
+            raw.flush()
+            os.fsync(raw.fileno())
         if checker.issues:
             _refuse(src, checker)
         assert facts is not None
@@ -234,7 +251,8 @@ def _repack(
                 tmp.unlink()
         if not done:
             _remove_empty(created)
-    return RepackResult(src, target, written, plan, out_report, report.warnings)
+    sha256 = out.hexdigest() if isinstance(out, _HashingFile) else None
+    return RepackResult(src, target, written, plan, out_report, report.warnings, sha256)
 
 
 @dataclass
@@ -316,6 +334,24 @@ def _write(archive: ZipArchive, out: BinaryIO | None, job: _Job) -> Facts | None
             written[m.name] = (m.crc, m.csize, m.usize, Hash.of_bytes(texts[m.name]).value)
     writer.close()
     return texts, written
+
+
+class _HashingFile:
+    """A write-only file that hashes what goes through it (all :class:`ZipWriter` needs)."""
+
+    def __init__(self, fp: BinaryIO) -> None:
+        self._fp = fp
+        self._sha = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self._sha.update(data)
+        return self._fp.write(data)
+
+    def tell(self) -> int:
+        return self._fp.tell()
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
 
 
 def _make_dirs(path: Path) -> list[Path]:

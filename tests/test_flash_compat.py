@@ -278,3 +278,20 @@ def test_dense_errors_name_the_argument(
 ) -> None:
     with pytest.raises(error, match=match):
         flash_attn_func(*args, **kwargs)
+
+
+def test_dense_compiles_without_graph_breaks() -> None:
+    """``torch.compile(fullgraph=True)`` (aot_eager on CPU) through the dense view, the device-built
+    offsets and the head-dim padding: the eager values, forward and backward."""
+    q, k, v = _leaves((2, 5, 4, 20), (2, 7, 2, 20), (2, 7, 2, 20))
+
+    def fn(q_: Tensor, k_: Tensor, v_: Tensor) -> tuple[Tensor, Tensor]:
+        out, lse, _ = flash_attn_func(q_, k_, v_, causal=True, window_size=(3, 2), return_attn_probs=True)
+        return out, lse
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    (out, lse), (want, want_lse) = compiled(q, k, v), fn(q, k, v)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    for name, got, ref in zip("qkv", _grads(out, [q, k, v]), _grads(want, [q, k, v]), strict=True):
+        assert torch.equal(got, ref), f"d{name}"

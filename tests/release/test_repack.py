@@ -329,3 +329,13 @@ def test_stored_members_strong_hash_and_compressible_data(tmp_path: Path) -> Non
     assert raw_bytes(out.output, "foo/zeros.bin") == raw_bytes(src, "foo/zeros.bin")
     assert raw_bytes(out.output, "foo/__init__.py") == b"VALUE = 1\n"  # stored stays stored
     assert b"foo/zeros.bin,sha256=" in read(out.output, "foo_cu12-0.3.0.dev0.dist-info/RECORD")
+
+
+def test_hash_output_is_the_file_digest(foo_wheel: Path, tmp_path: Path) -> None:
+    import hashlib
+
+    res = repack_wheel(foo_wheel, name="foo_cu12", tags=TARGET, outdir=tmp_path / "o", hash_output=True)
+    assert res.sha256 == hashlib.sha256(res.output.read_bytes()).hexdigest()
+    again = repack_wheel(foo_wheel, name="foo_cu12", tags=TARGET, outdir=tmp_path / "o", hash_output=True)
+    assert not again.written and again.sha256 == res.sha256
+    assert repack_wheel(foo_wheel, name="foo_cu12", tags=TARGET, outdir=tmp_path / "p").sha256 is None

@@ -3,10 +3,12 @@
 :func:`document_layout` turns a plan into rank ``r``'s :class:`DocumentLayout`: the gather index
 of every buffer row into the global batch, the token positions, and the ``cu_seqlens`` of its
 local documents (for :func:`thd.attention`) and of the ring documents (the GLOBAL ring layout
-:func:`thd.cp.ring_attention` takes, and this rank's share of it). Index math runs once per
-plan on the host (numpy); :func:`partition_documents` and :func:`unpartition_documents` are
-then device-side gathers (``index_select`` and a ``masked_fill``): no host sync, capturable
-in a CUDA graph for a fixed buffer size (copy each step's index into the captured one).
+:func:`thd.cp.ring_attention` takes, and this rank's share of it). The rank's pieces go to the
+device as one small table and are expanded there into the row index (a search, no host sync);
+:func:`partition_documents` is then a device-side gather (``index_select`` and a
+``masked_fill``): no host sync, capturable in a CUDA graph for a fixed buffer size (copy each
+step's index into the captured one). :func:`unpartition_documents` is one gather by an index
+built on the host from the plan.
 
 The global batch is the caller's packed buffer: document ``d`` at rows ``[offsets[d],
 offsets[d] + lengths[d])`` (default ``offsets``: the lengths back to back), anything else
@@ -23,6 +25,7 @@ import torch
 from torch import Tensor
 
 from thd.cp.documents import DocumentPlan
+from thd.cp.partition import check_rows_tensor, local_cu_seqlens_padded, rank_cu_seqlens
 from thd.errors import ThdTypeError, ThdValueError
 from thd.layout import check_cp
 
@@ -107,6 +110,26 @@ def _cumsum32(values: Sequence[int], device: torch.device) -> Tensor:
     )
 
 
+def _buffer_rows(
+    plan: DocumentPlan, rank: int, first_row: np.ndarray, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(index, valid, positions)`` of every buffer row, expanded on ``device`` from the rank's
+    piece table (one small host-to-device copy; a search and a few elementwise ops)."""
+    doc, start, stop, buffer_row = plan.piece_table(rank)
+    table = (
+        np.stack((buffer_row, stop - start, first_row[doc] + start, start)) if doc.size else np.zeros((4, 1))
+    )
+    t = torch.tensor(table, dtype=torch.int64, device=device)
+    rows = torch.arange(plan.rows, dtype=torch.int64, device=device)
+    piece = torch.searchsorted(t[0], rows, right=True) - 1
+    at = piece.clamp(min=0)
+    offset = rows - t[0][at]
+    valid = (piece >= 0) & (offset < t[1][at])
+    index = torch.where(valid, t[2][at] + offset, 0)
+    positions = torch.where(valid, t[3][at] + offset, 0)
+    return index, valid, positions
+
+
 def document_layout(
     plan: DocumentPlan,
     rank: int,
@@ -117,38 +140,28 @@ def document_layout(
     """Rank ``rank``'s :class:`DocumentLayout` of ``plan`` on ``device`` (default CPU).
 
     ``offsets``: first global row of each document in the caller's packed buffer (default
-    the lengths back to back). Host work, plus small host-to-device copies; no device reads.
+    the lengths back to back). Host work on the pieces, small host-to-device copies and a few
+    device ops over the buffer's rows; no device reads.
     """
     fn = "document_layout"
     plan = _check_plan(fn, plan)
     check_cp(fn, plan.cp_size, rank)
     device = torch.device("cpu") if device is None else torch.device(device)
-    doc, start, stop, buffer_row = plan.piece_table(rank)
-    count = stop - start
-    first_row = _offsets(plan, offsets, fn)
-    index = np.zeros(plan.rows, dtype=np.int64)
-    positions = np.zeros(plan.rows, dtype=np.int64)
-    valid = np.zeros(plan.rows, dtype=bool)
-    rows = _aranges(buffer_row, count)
-    index[rows] = _aranges(first_row[doc] + start, count)
-    positions[rows] = _aranges(start, count)
-    valid[rows] = True
+    index, valid, positions = _buffer_rows(plan, rank, _offsets(plan, offsets, fn), device)
     lengths = np.asarray(plan.lengths, dtype=np.int64)
     local = np.asarray(plan.local_documents[rank], dtype=np.int64)
     ring = np.asarray(plan.ring_documents, dtype=np.int64)
     ring_cu = _cumsum32(lengths[ring], device)
     ring_cup = _cumsum32(plan.ring_slots, device)
-    from thd.cp.partition import local_cu_seqlens_padded, rank_cu_seqlens
-
     ring_len = lengths[ring]
     return DocumentLayout(
         cp_size=plan.cp_size,
         cp_rank=rank,
         rows=plan.rows,
         ring_rows=plan.ring_rows,
-        index=torch.from_numpy(index).to(device),
-        valid=torch.from_numpy(valid).to(device),
-        positions=torch.from_numpy(positions).to(device),
+        index=index,
+        valid=valid,
+        positions=positions,
         local_cu_seqlens=_cumsum32(lengths[local], device),
         local_max_seqlen=int(lengths[local].max()) if local.size else 0,
         ring_cu_seqlens=ring_cu,
@@ -160,16 +173,6 @@ def document_layout(
     )
 
 
-def _rows_tensor(fn: str, name: str, x: object) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise ThdTypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dim() < 1:
-        raise ThdValueError(
-            f"{fn}: {name} shape: expected [T, ...] with at least one dim, got {list(x.shape)}"
-        )
-    return x
-
-
 def partition_documents(x: Tensor, layout: DocumentLayout, *, padding_value: float = 0) -> Tensor:
     """This rank's buffer of the global rows ``x`` (``[T, ...]``): ``[layout.rows, ...]``, a copy.
 
@@ -177,7 +180,7 @@ def partition_documents(x: Tensor, layout: DocumentLayout, *, padding_value: flo
     Two device ops (a gather and a masked fill), no host sync.
     """
     fn = "partition_documents"
-    x = _rows_tensor(fn, "x", x)
+    x = check_rows_tensor(fn, "x", x)
     if not isinstance(layout, DocumentLayout):
         raise ThdTypeError(f"{fn}: layout: expected a DocumentLayout, got {type(layout).__name__}")
     index, valid = layout.index.to(x.device), layout.valid.to(x.device)
@@ -201,9 +204,9 @@ def unpartition_documents(
     plan = _check_plan(fn, plan)
     if isinstance(shards, Tensor) or not isinstance(shards, Sequence) or len(shards) != plan.cp_size:
         raise ThdValueError(f"{fn}: shards: expected a sequence of cp_size = {plan.cp_size} tensors")
-    first = _rows_tensor(fn, "shards[0]", shards[0])
+    first = check_rows_tensor(fn, "shards[0]", shards[0])
     for r, s in enumerate(shards):
-        s = _rows_tensor(fn, f"shards[{r}]", s)
+        s = check_rows_tensor(fn, f"shards[{r}]", s)
         if (
             s.shape != first.shape
             or s.shape[0] != plan.rows

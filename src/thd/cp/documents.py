@@ -196,9 +196,22 @@ def _ring_rank_costs(
     return cost.per_token * count + cost.per_pair * pairs, count.astype(np.int64)
 
 
+_GOLDEN = 0.6180339887498949
+
+
 def _water_fill(costs: np.ndarray, loads: np.ndarray) -> np.ndarray:
-    """Rank of each small document (``costs`` in placement order): fill the ranks up to a common
-    level in rank order, each document going where the middle of its cost falls."""
+    """Rank of each small document (``costs`` sorted descending): fill the ranks up to a common
+    level in rank order, each document going where the middle of its cost falls. The documents
+    are taken in a golden-ratio interleaving of the sorted order, so every rank gets a similar
+    mix of sizes (not the largest on rank 0 and the smallest on the last)."""
+    perm = np.argsort(np.mod(np.arange(costs.shape[0]) * _GOLDEN, 1.0), kind="stable")
+    owner = np.empty(costs.shape[0], dtype=np.int64)
+    owner[perm] = _fill(costs[perm], loads)
+    return owner
+
+
+def _fill(costs: np.ndarray, loads: np.ndarray) -> np.ndarray:
+    """:func:`_water_fill` in the given order."""
     cp = loads.shape[0]
     total = float(costs.sum())
     order = np.sort(loads)

@@ -99,7 +99,8 @@ def partition_indices(
     return rank_rows(cu_seqlens_padded, cp_size, cp_rank, rows)
 
 
-def _check_rows_tensor(fn: str, name: str, x: object) -> Tensor:
+def check_rows_tensor(fn: str, name: str, x: object) -> Tensor:
+    """``x`` if it is a tensor with at least one dim (rows), else a :class:`ThdError` naming it."""
     if not isinstance(x, Tensor):
         raise ThdTypeError(f"{fn}: {name}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dim() < 1:
@@ -118,7 +119,7 @@ def partition(
     against ``x.shape[0]`` (one device-to-host read, skipped as described in the module docstring).
     """
     fn = "partition"
-    x = _check_rows_tensor(fn, "x", x)
+    x = check_rows_tensor(fn, "x", x)
     if num_rows is not None and num_rows != x.shape[0]:
         raise ThdValueError(f"{fn}: num_rows (={num_rows}): expected x.shape[0] = {x.shape[0]}")
     _layout.check_cu_metadata(fn, cu_seqlens_padded, None, names=_SLOT_NAMES)
@@ -146,9 +147,9 @@ def unpartition(
         raise ThdTypeError(f"{fn}: shards: expected a sequence of tensors, got {type(shards).__name__}")
     if len(shards) != cp_size:
         raise ThdValueError(f"{fn}: shards: expected cp_size = {cp_size} tensors, got {len(shards)}")
-    first = _check_rows_tensor(fn, "shards[0]", shards[0])
+    first = check_rows_tensor(fn, "shards[0]", shards[0])
     for r, s in enumerate(shards):
-        s = _check_rows_tensor(fn, f"shards[{r}]", s)
+        s = check_rows_tensor(fn, f"shards[{r}]", s)
         if s.shape != first.shape:
             raise ThdValueError(
                 f"{fn}: shards[{r}] shape: expected {list(first.shape)} (as shards[0]), got {list(s.shape)}"

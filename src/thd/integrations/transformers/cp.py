@@ -213,15 +213,7 @@ def shard_batch(
         cp_rank=rank,
         num_label_tokens=num_items,
     )
-    return {
-        "input_ids": local["input_ids"],
-        "position_ids": local["position_ids"],
-        "labels": local["shift_labels"],
-        "shift_labels": local["shift_labels"],
-        "num_items_in_batch": torch.tensor(num_items, device=device),
-        "use_cache": False,
-        LAYOUT_KWARG: layout,
-    }
+    return _model_inputs(local, num_items, device, layout)
 
 
 def _shard_documents(
@@ -258,6 +250,13 @@ def _shard_documents(
     local = {k: v.to(device)[None] for k, v in local.items()}
     if torch.device(device) != ids.device:
         layout = document_layout(plan, rank, device=device, offsets=ends[:-1])
+    return _model_inputs(local, num_items, device, DocumentCPLayout(plan, layout, cp, rank, num_items))
+
+
+def _model_inputs(
+    local: Mapping[str, Tensor], num_items: int, device: torch.device, layout: CPLayout | DocumentCPLayout
+) -> dict[str, Any]:
+    """The model's keyword arguments from this rank's ``[1, rows]`` tensors."""
     return {
         "input_ids": local["input_ids"],
         "position_ids": local["position_ids"],
@@ -265,5 +264,5 @@ def _shard_documents(
         "shift_labels": local["shift_labels"],
         "num_items_in_batch": torch.tensor(num_items, device=device),
         "use_cache": False,
-        LAYOUT_KWARG: DocumentCPLayout(plan, layout, cp, rank, num_items),
+        LAYOUT_KWARG: layout,
     }
