@@ -1,0 +1,196 @@
+"""Host side of the Gluon forward: which calls it takes (:func:`supports_forward`) and the launch
+(:func:`forward`, the contract of ``thd.ops.attention.launch.forward``).
+
+The kernel (``forward_kernel.py``) needs an sm_90 GPU, 16-bit inputs, head dims 64 or 128 and rows
+whose starts the copy engine can address (16-byte aligned data and row/head strides). Anything else
+is for the ``tl`` kernels; the caller asks :func:`supports_forward` first.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+from torch import Tensor
+from triton.runtime import _allocation
+
+from thd.ops.attention.gluon.compat import gluon_available
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
+
+__all__ = ["GluonTile", "TILES", "forward", "supports_forward", "tile_for"]
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class GluonTile:
+    """Query rows per program (``block_m``, split over the consumer's warpgroups), key rows per
+    stage (``block_n``), the consumer partition's warps, the K/V ring's depth, the producer warp's
+    register budget and the kernel's per-thread register cap (the consumer gets what is left)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    stages: int
+    producer_regs: int = 24
+    maxnreg: int = 168
+
+    @property
+    def name(self) -> str:
+        return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}"
+
+
+# max(D, Dv) -> tile. Two consumer warpgroups of 64 rows each, FA3's 240/24 register split.
+TILES: dict[int, GluonTile] = {
+    64: GluonTile(128, 128, 8, 3),
+    128: GluonTile(128, 128, 8, 2),
+}
+
+
+def tile_for(head_dim: int, head_dim_v: int) -> GluonTile:
+    return TILES[max(head_dim, head_dim_v)]
+
+
+@functools.cache
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def _copyable(t: Tensor) -> bool:
+    """Whether TMA can read ``[T, H, D]`` rows of ``t`` per head: unit last stride, 16-byte
+    aligned data, row and head strides."""
+    size = t.element_size()
+    return (
+        t.stride(-1) == 1
+        and t.data_ptr() % 16 == 0
+        and (t.stride(0) * size) % 16 == 0
+        and (t.stride(1) * size) % 16 == 0
+    )
+
+
+def supports_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
+    accumulate: tuple[Tensor, Tensor] | None = None,
+) -> bool:
+    """Whether :func:`forward` computes this call (else it is the ``tl`` kernels'): an sm_90 GPU,
+    a Triton with Gluon's Hopper surface, bf16/fp16 ``q, k, v`` of one dtype, head dims 64 or 128,
+    ``max_seqlen_*`` given, TMA-addressable rows. ``options`` and ``sinks`` take any value the
+    ``tl`` forward takes."""
+    del options, sinks  # every window, softcap, sink and scale is covered
+    if not gluon_available() or not q.is_cuda:
+        return False
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if not _is_sm90(index):
+        return False
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return False
+    if q.shape[2] not in HEAD_DIMS or k.shape[2] != q.shape[2] or v.shape[2] not in HEAD_DIMS:
+        return False
+    if layout.max_seqlen_q is None or layout.max_seqlen_kv is None:
+        return False
+    if accumulate is not None and accumulate[1].stride(1) != 1:
+        return False
+    return all(_copyable(t) for t in (q, k, v))
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Device-side tensor descriptors live in a global scratch Triton allocates per launch through
+    a per-thread allocator: set one in the launching thread if none is set."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
+    accumulate: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One launch: ``(out, lse)``, padding rows written as 0 / -inf by the kernel.
+
+    ``layout.max_seqlen_*`` must be ints. ``accumulate=(out, lse)``: fold this launch into that
+    normalised partial result in place (only its real rows are read and written) and return it.
+    """
+    from thd.ops.attention.gluon.forward_kernel import attention_fwd_kernel
+
+    num_rows, num_heads = q.shape[0], q.shape[1]
+    if accumulate is None:
+        out = q.new_empty(num_rows, num_heads, v.shape[2])
+        lse = q.new_empty(num_heads, num_rows, dtype=torch.float32)
+    else:
+        out, lse = accumulate
+    if num_rows == 0:
+        return out, lse
+    if layout.num_seqs == 0:  # every row is tail capacity
+        if accumulate is None:
+            out.zero_()
+            lse.fill_(float("-inf"))
+        return out, lse
+    assert layout.max_seqlen_q is not None
+    _ensure_allocator()
+    tile = tile_for(q.shape[2], v.shape[2])
+    positions = layout.positions_q is not None and layout.positions_kv is not None
+    pos_q, pos_kv = (layout.positions_q, layout.positions_kv) if positions else (layout.cu_seqlens_q,) * 2
+    softcap = options.softcap if options.softcap > 0.0 else 1.0
+    grid = (max(1, triton.cdiv(layout.max_seqlen_q, tile.block_m)), num_heads, layout.num_seqs + 1)
+    attention_fwd_kernel[grid](
+        q,
+        k,
+        v,
+        out,
+        lse,
+        q if sinks is None else sinks,
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_kv,
+        layout.slots_q,
+        layout.slots_kv,
+        pos_q,
+        pos_kv,
+        num_rows,
+        k.shape[0],
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0),
+        options.softmax_scale,
+        softcap,
+        max(options.window_left, 0),
+        max(options.window_right, 0),
+        GROUP=num_heads // k.shape[1],
+        HEAD_DIM=q.shape[2],
+        HEAD_DIM_V=v.shape[2],
+        HAS_POSITIONS=positions,
+        HAS_LEFT=options.window_left >= 0,
+        HAS_RIGHT=options.window_right >= 0,
+        SOFTCAP=options.softcap > 0.0,
+        HAS_SINKS=sinks is not None,
+        ACCUMULATE=accumulate is not None,
+        FOLD_SCALE=options.softmax_scale > 0.0 and options.softcap <= 0.0,
+        BLOCK_M=tile.block_m,
+        BLOCK_N=tile.block_n,
+        STAGES=tile.stages,
+        PRODUCER_REGS=tile.producer_regs,
+        num_warps=tile.num_warps,
+        maxnreg=tile.maxnreg,
+    )
+    return out, lse
