@@ -24,7 +24,17 @@ from thd.ops.attention.gluon.compat import GluonASTSource
 from thd.ops.attention.gluon.forward_kernel import attention_fwd_kernel
 
 _FP32 = {"lse_ptr", "sinks_ptr"}
-_INT = {"cu_q_ptr", "cu_k_ptr", "cup_q_ptr", "cup_k_ptr", "pos_q_ptr", "pos_k_ptr"}
+_INT = {
+    "cu_q_ptr",
+    "cu_k_ptr",
+    "cup_q_ptr",
+    "cup_k_ptr",
+    "pos_q_ptr",
+    "pos_k_ptr",
+    "seq_ptr",
+    "blk_ptr",
+    "count_ptr",
+}
 _FLOATS = {"sm_scale", "softcap"}
 
 # PTX patterns (loose: state-space suffixes differ between 3.6 and 3.9)

@@ -221,5 +221,23 @@ def test_supports_forward_refuses_what_it_does_not_cover() -> None:
     q96 = torch.zeros(q.shape[0], 2, 96, device="cuda", dtype=BF16)
     assert not gluon_forward.supports_forward(q96, q96, q96, varlen, options)
     assert not gluon_forward.supports_forward(q.cpu(), k.cpu(), v.cpu(), varlen, options)
-    no_max = VarlenLayout(varlen.cu_seqlens_q, varlen.cu_seqlens_kv)
-    assert not gluon_forward.supports_forward(q, k, v, no_max, options)
+
+
+def test_forward_without_max_seqlen_or_with_an_underestimate() -> None:
+    """The work list comes from the offsets on the device: ``max_seqlen_*`` None or too small
+    changes nothing, and no host sync happens."""
+    _skip_unless_sm90()
+    layout = LAYOUTS["packed"]
+    q, k, v, _ = make_qkv(layout, 4, 2, 64, 64, BF16, "cuda")
+    options = AttentionOptions(0.125, causal=True)
+    base = _varlen(layout)
+    for max_seqlen in (None, 3):
+        varlen = VarlenLayout(**{**base.__dict__, "max_seqlen_q": max_seqlen, "max_seqlen_kv": max_seqlen})
+        assert gluon_forward.supports_forward(q, k, v, varlen, options)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out, lse = gluon_forward.forward(q, k, v, varlen, options)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        ref_out, ref_lse = _reference(q, k, v, base, options)
+        _check(layout, out, lse, ref_out, ref_lse, BF16)

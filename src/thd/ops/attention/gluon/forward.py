@@ -59,6 +59,37 @@ def _is_sm90(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _work_list(layout: VarlenLayout, num_rows: int, block_m: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(seq, blk, count)`` of :func:`schedule.build_work_list` in one int32 allocation; its
+    capacity bounds the query tiles of any valid layout (``rows / block_m + sequences``)."""
+    from thd.ops.attention.gluon.schedule import build_work_list
+
+    num_seqs = layout.num_seqs
+    capacity = num_rows // block_m + num_seqs + 1
+    buffer = torch.empty(2 * capacity + 1, dtype=torch.int32, device=layout.cu_seqlens_q.device)
+    seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
+    build_work_list[(num_seqs,)](
+        layout.cu_seqlens_q,
+        layout.slots_q,
+        seq,
+        blk,
+        count,
+        num_seqs,
+        num_rows,
+        capacity,
+        BLOCK_M=block_m,
+        BLOCK_B=64,
+        BLOCK_T=32,
+        num_warps=4,
+    )
+    return seq, blk, count
+
+
 def _copyable(t: Tensor) -> bool:
     """Whether TMA can read ``[T, H, D]`` rows of ``t`` per head: unit last stride, 16-byte
     aligned data, row and head strides."""
@@ -82,7 +113,7 @@ def supports_forward(
 ) -> bool:
     """Whether :func:`forward` computes this call (else it is the ``tl`` kernels'): an sm_90 GPU,
     a Triton with Gluon's Hopper surface, bf16/fp16 ``q, k, v`` of one dtype, head dims 64 or 128,
-    ``max_seqlen_*`` given, TMA-addressable rows. ``options`` and ``sinks`` take any value the
+    TMA-addressable rows. ``options`` and ``sinks`` take any value the
     ``tl`` forward takes."""
     del options, sinks  # every window, softcap, sink and scale is covered
     if not gluon_available() or not q.is_cuda:
@@ -93,8 +124,6 @@ def supports_forward(
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return False
     if q.shape[2] not in HEAD_DIMS or k.shape[2] != q.shape[2] or v.shape[2] not in HEAD_DIMS:
-        return False
-    if layout.max_seqlen_q is None or layout.max_seqlen_kv is None:
         return False
     if accumulate is not None and accumulate[1].stride(1) != 1:
         return False
@@ -123,7 +152,8 @@ def forward(
 ) -> tuple[Tensor, Tensor]:
     """One launch: ``(out, lse)``, padding rows written as 0 / -inf by the kernel.
 
-    ``layout.max_seqlen_*`` must be ints. ``accumulate=(out, lse)``: fold this launch into that
+    ``layout.max_seqlen_*`` are not needed (the work list is built on the device from the offsets,
+    so there is no host sync either way). ``accumulate=(out, lse)``: fold this launch into that
     normalised partial result in place (only its real rows are read and written) and return it.
     """
     from thd.ops.attention.gluon.forward_kernel import attention_fwd_kernel
@@ -141,13 +171,14 @@ def forward(
             out.zero_()
             lse.fill_(float("-inf"))
         return out, lse
-    assert layout.max_seqlen_q is not None
     _ensure_allocator()
     tile = tile_for(q.shape[2], v.shape[2])
     positions = layout.positions_q is not None and layout.positions_kv is not None
     pos_q, pos_kv = (layout.positions_q, layout.positions_kv) if positions else (layout.cu_seqlens_q,) * 2
     softcap = options.softcap if options.softcap > 0.0 else 1.0
-    grid = (max(1, triton.cdiv(layout.max_seqlen_q, tile.block_m)), num_heads, layout.num_seqs + 1)
+    seq, blk, count = _work_list(layout, num_rows, tile.block_m)
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    grid = (min(_num_sms(index), seq.shape[0] * num_heads),)
     attention_fwd_kernel[grid](
         q,
         k,
@@ -161,6 +192,11 @@ def forward(
         layout.slots_kv,
         pos_q,
         pos_kv,
+        seq,
+        blk,
+        count,
+        layout.num_seqs,
+        num_heads,
         num_rows,
         k.shape[0],
         q.stride(0),

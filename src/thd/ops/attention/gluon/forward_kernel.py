@@ -67,28 +67,36 @@ def _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows):
 
 
 @gluon.jit
-def _fill_padding(out_head, lse_head, stride_ot, cu_ptr, cup_ptr, b, num_seqs, num_rows, WIDTH: gl.constexpr):
-    """This program's share of slot ``b``'s padding rows: ``out`` 0 and ``lse`` -inf (grid axis 0
-    splits the rows, the last program takes the first block)."""
+def _fill_padding(
+    out_ptr, lse_ptr, stride_ot, stride_oh, stride_lse_h, cu_ptr, cup_ptr, num_seqs, num_heads, num_rows,
+    WIDTH: gl.constexpr,
+):  # fmt: skip
+    """This program's share of every slot's padding rows (and the tail past the last slot):
+    ``out`` 0 and ``lse`` -inf. Work is split over (slot, head, chunk of rows) round robin."""
     BLOCK_R: gl.constexpr = 32
+    CHUNKS: gl.constexpr = 4
     W: gl.constexpr = gl.num_warps()
-    lo, hi = _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows)
-    first = gl.num_programs(0) - 1 - gl.program_id(0)
-    step = gl.num_programs(0) * BLOCK_R
     tile: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // WIDTH, WIDTH // 8], [W, 1], [1, 0])
     line: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
     offs_r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, tile))
     offs_w = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, tile))
     offs_l = gl.arange(0, BLOCK_R, layout=line)
-    zeros = gl.zeros([BLOCK_R, WIDTH], out_head.dtype.element_ty, layout=tile)
+    zeros = gl.zeros([BLOCK_R, WIDTH], out_ptr.dtype.element_ty, layout=tile)
     minus_inf = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=line)
-    for row0 in range(lo + first * BLOCK_R, hi, step):
-        rows = row0 + offs_r
-        ptrs = out_head + gl.expand_dims(rows * stride_ot, 1) + gl.expand_dims(offs_w, 0)
-        mask = gl.expand_dims(rows < hi, 1) & gl.expand_dims(offs_w < WIDTH, 0)
-        gl.store(ptrs, zeros, mask=mask)
-        rows_l = row0 + offs_l
-        gl.store(lse_head + rows_l, minus_inf, mask=rows_l < hi)
+    for job in range(gl.program_id(0), (num_seqs + 1) * num_heads * CHUNKS, gl.num_programs(0)):
+        chunk = job % CHUNKS
+        head = (job // CHUNKS) % num_heads
+        b = job // (CHUNKS * num_heads)
+        lo, hi = _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows)
+        out_head = out_ptr + head * stride_oh
+        lse_head = lse_ptr + head * stride_lse_h
+        for row0 in range(lo + chunk * BLOCK_R, hi, CHUNKS * BLOCK_R):
+            rows = row0 + offs_r
+            ptrs = out_head + gl.expand_dims(rows * stride_ot, 1) + gl.expand_dims(offs_w, 0)
+            mask = gl.expand_dims(rows < hi, 1) & gl.expand_dims(offs_w < WIDTH, 0)
+            gl.store(ptrs, zeros, mask=mask)
+            rows_l = row0 + offs_l
+            gl.store(lse_head + rows_l, minus_inf, mask=rows_l < hi)
 
 
 @gluon.jit
@@ -128,78 +136,113 @@ def _tile_span(
 
 
 @gluon.jit
-def _sequence(
-    cu_q_ptr,
-    cup_q_ptr,
-    cu_k_ptr,
-    cup_k_ptr,
-    pos_q_ptr,
-    pos_k_ptr,
-    b,
-    rows_q,
-    rows_k,
-    window_left,
-    window_right,
-    HAS_POSITIONS: gl.constexpr,
-):
-    """Sequence ``b``'s query and key spans and its visible band ``[d_lo, d_hi]`` of key index
-    minus query index (bottom-right aligned, or placed by the positions)."""
+def _work_item(
+    w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+    rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
+):  # fmt: skip
+    """Work item ``w`` (heads innermost): its head, query tile, the sequence's query and key spans
+    and its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
+    placed by the positions)."""
+    item = w // num_heads
+    head = w - item * num_heads
+    b = gl.load(seq_ptr + item)
+    m_block = gl.load(blk_ptr + item)
     q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
     k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
     if HAS_POSITIONS:  # noqa: SIM108 -- a constexpr branch
         offset = gl.load(pos_q_ptr + b) - gl.load(pos_k_ptr + b)
     else:
         offset = seqlen_k - seqlen_q
-    return q_start, seqlen_q, k_start, seqlen_k, offset - window_left, offset + window_right
+    return head, m_block, q_start, seqlen_q, k_start, seqlen_k, offset - window_left, offset + window_right
 
 
 # ----------------------------------------------------------------------------- producer
 
 
 @gluon.jit
-def _producer(
-    q_desc,
-    k_desc,
-    v_desc,
-    q_smem,
-    k_smem,
-    v_smem,
-    q_bars,
-    k_full,
-    v_full,
-    kv_empty,
-    first,
-    num_blocks,
-    step,
-    seqlen_q,
-    seqlen_k,
-    d_lo,
-    d_hi,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
+def _load_item(
+    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    head, kv_head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
+    q_buf, q_full, k_smem, v_smem, k_full, v_full, kv_empty, it,
+    HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
+):  # fmt: skip
+    """One work item's copies: descriptors bounded by the sequence's real rows (rows past them read
+    as zeros), Q into ``q_buf``, then the K and V tiles ``[a, end)`` into the ring."""
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    q_desc = tma.make_tensor_descriptor(
+        q_ptr + q_start * stride_qt + head * stride_qh,
+        shape=[gl.maximum(seqlen_q, 1), HEAD_DIM],
+        strides=[stride_qt, 1],
+        block_shape=[BLOCK_M, HEAD_DIM],
+        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype),
+    )
+    k_desc = tma.make_tensor_descriptor(
+        k_ptr + k_start * stride_kt + kv_head * stride_kh,
+        shape=[gl.maximum(seqlen_k, 1), HEAD_DIM],
+        strides=[stride_kt, 1],
+        block_shape=[BLOCK_N, HEAD_DIM],
+        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype),
+    )
+    v_desc = tma.make_tensor_descriptor(
+        v_ptr + k_start * stride_vt + kv_head * stride_vh,
+        shape=[gl.maximum(seqlen_k, 1), HEAD_DIM_V],
+        strides=[stride_vt, 1],
+        block_shape=[BLOCK_N, HEAD_DIM_V],
+        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM_V], dtype),
+    )
+    mbarrier.expect(q_full, q_desc.block_type.nbytes)
+    tma_load(q_desc, [m_block * BLOCK_M, 0], q_full, q_buf)
+    for kn in range(a, end, BLOCK_N):
+        s = it % STAGES
+        mbarrier.wait(kv_empty.index(s), ((it // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
+        tma_load(k_desc, [kn, 0], k_full.index(s), k_smem.index(s))
+        mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
+        tma_load(v_desc, [kn, 0], v_full.index(s), v_smem.index(s))
+        it += 1
+    return it
+
+
+@gluon.jit
+def _producer(
+    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
+    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+    rows_q, rows_k, window_left, window_right,
+    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr,
-):
-    """TMA copies of Q (one buffer, ``q_bars`` = full, empty) and of the K/V ring, in the order the
-    consumer reads them."""
+):  # fmt: skip
+    """The copies of this program's work items, in the order the consumer reads them. Q and the
+    descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
+    consumer to release that buffer's Q, which it does once it has read every tile of that item."""
     it = 0
     t = 0
-    for m_block in range(first, num_blocks, step):
+    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+        head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _work_item(
+            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
+        )  # fmt: skip
         a, _, _, end = _tile_span(
             m_block, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
         )
-        mbarrier.wait(q_bars.index(1), (t & 1) ^ 1)
-        mbarrier.expect(q_bars.index(0), q_desc.block_type.nbytes)
-        tma_load(q_desc, [m_block * BLOCK_M, 0], q_bars.index(0), q_smem)
-        for kn in range(a, end, BLOCK_N):
-            s = it % STAGES
-            mbarrier.wait(kv_empty.index(s), ((it // STAGES) & 1) ^ 1)
-            mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
-            tma_load(k_desc, [kn, 0], k_full.index(s), k_smem.index(s))
-            mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
-            tma_load(v_desc, [kn, 0], v_full.index(s), v_smem.index(s))
-            it += 1
+        qi = t & 1
+        mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
+        if qi == 0:  # two call sites: two descriptor sets in the global scratch
+            it = _load_item(
+                q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                head, head // GROUP, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
+                q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_full, v_full, kv_empty, it,
+                HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+            )  # fmt: skip
+        else:
+            it = _load_item(
+                q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                head, head // GROUP, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
+                q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_full, v_full, kv_empty, it,
+                HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+            )  # fmt: skip
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
 
 
@@ -264,38 +307,14 @@ def _release(bar):
 
 @gluon.jit
 def _consumer(
-    q_smem,
-    k_smem,
-    v_smem,
-    q_bars,
-    k_full,
-    v_full,
-    kv_empty,
-    out_base,
-    lse_base,
-    sinks_ptr,
-    head,
-    stride_ot,
-    first,
-    num_blocks,
-    step,
-    seqlen_q,
-    seqlen_k,
-    d_lo,
-    d_hi,
-    sm_scale,
-    softcap,
-    HEAD_DIM_V: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-    FOLD_SCALE: gl.constexpr,
-    HAS_SINKS: gl.constexpr,
-    ACCUMULATE: gl.constexpr,
-):
+    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, out_ptr, lse_ptr, sinks_ptr,
+    stride_ot, stride_oh, stride_lse_h,
+    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+    rows_q, rows_k, window_left, window_right, sm_scale, softcap,
+    HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+    FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
+):  # fmt: skip
     W: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_N, 16]
@@ -310,10 +329,16 @@ def _consumer(
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     it = 0
     t = 0
-    for m_block in range(first, num_blocks, step):
+    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+        head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi = _work_item(
+            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
+        )  # fmt: skip
         a, b_full, c_full, end = _tile_span(
             m_block, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
         )
+        out_base = out_ptr + head * stride_oh + q_start * stride_ot
+        lse_base = lse_ptr + head * stride_lse_h + q_start
         rows = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
         rows_o = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o)
         cols_o = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
@@ -330,14 +355,16 @@ def _consumer(
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
             l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
             acc = gl.zeros([BLOCK_M, HEAD_DIM_V], gl.float32, layout=o_layout)
-        mbarrier.wait(q_bars.index(0), t & 1)
+        qi = t & 1
+        q_buf = q_smem.index(qi)
+        mbarrier.wait(q_bars.index(qi), (t >> 1) & 1)
         num_tiles = gl.cdiv(end - a, BLOCK_N)
         if num_tiles > 0:
             s_idx = it % STAGES
             phase = (it // STAGES) & 1
             mbarrier.wait(k_full.index(s_idx), phase)
             s = warpgroup_mma(
-                q_smem, k_smem.index(s_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
+                q_buf, k_smem.index(s_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
             )
             s = warpgroup_mma_wait(0, deps=[s])
             p, m_i, l_i, alpha = _softmax_step(
@@ -352,7 +379,7 @@ def _consumer(
                 n_phase = ((it + 1) // STAGES) & 1
                 mbarrier.wait(k_full.index(n_idx), n_phase)
                 s = warpgroup_mma(
-                    q_smem, k_smem.index(n_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
+                    q_buf, k_smem.index(n_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
                 )
                 mbarrier.wait(v_full.index(s_idx), phase)
                 acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
@@ -373,7 +400,7 @@ def _consumer(
             acc = warpgroup_mma_wait(0, deps=[acc])
             _release(kv_empty.index(s_idx))
             it += 1
-        _release(q_bars.index(1))
+        _release(q_bars.index(2 + qi))
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
         if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
             sink = gl.load(sinks_ptr + head).to(gl.float32) * LOG2E
@@ -387,7 +414,7 @@ def _consumer(
         l_safe = gl.where(has_keys, l_i, 1.0)
         out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
         lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
-        gl.store(out_ptrs, out.to(out_base.dtype.element_ty), mask=out_mask)
+        gl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
         gl.store(lse_base + rows, lse, mask=rows < seqlen_q)
 
 
@@ -396,127 +423,65 @@ def _consumer(
 
 @gluon.jit
 def attention_fwd_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    out_ptr,
-    lse_ptr,
-    sinks_ptr,
-    cu_q_ptr,
-    cu_k_ptr,
-    cup_q_ptr,
-    cup_k_ptr,
-    pos_q_ptr,
-    pos_k_ptr,
-    rows_q,
-    rows_k,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_ot,
-    stride_oh,
-    stride_lse_h,
-    sm_scale,
-    softcap,
-    window_left,
-    window_right,
-    GROUP: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
-    HEAD_DIM_V: gl.constexpr,
-    HAS_POSITIONS: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    SOFTCAP: gl.constexpr,
-    HAS_SINKS: gl.constexpr,
-    ACCUMULATE: gl.constexpr,
-    FOLD_SCALE: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
-):
-    head = gl.program_id(1)
-    b = gl.program_id(2)
-    num_seqs = gl.num_programs(2) - 1
-    out_head = out_ptr + head * stride_oh
-    lse_head = lse_ptr + head * stride_lse_h
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, sinks_ptr,
+    cu_q_ptr, cu_k_ptr, cup_q_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, seq_ptr, blk_ptr, count_ptr,
+    num_seqs, num_heads, rows_q, rows_k,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lse_h,
+    sm_scale, softcap, window_left, window_right,
+    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, HAS_POSITIONS: gl.constexpr,
+    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
+    ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
+    list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
-        _fill_padding(out_head, lse_head, stride_ot, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, HEAD_DIM_V)
-    seq = gl.minimum(b, num_seqs - 1)  # the tail program (b == num_seqs) computes no rows
-    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence(
-        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, seq, rows_q, rows_k,
-        window_left, window_right, HAS_POSITIONS,
-    )  # fmt: skip
-    num_blocks = gl.cdiv(seqlen_q, BLOCK_M)
-    if b == num_seqs:
-        num_blocks = 0
-    first = gl.num_programs(0) - 1 - gl.program_id(0)
-    step = gl.num_programs(0)
-    kv_head = head // GROUP
+        _fill_padding(
+            out_ptr, lse_ptr, stride_ot, stride_oh, stride_lse_h, cu_q_ptr, cup_q_ptr, num_seqs, num_heads,
+            rows_q, HEAD_DIM_V,
+        )  # fmt: skip
+    total = gl.load(count_ptr) * num_heads
 
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM_V], dtype)
-    # Descriptors bounded by the sequence's real rows: rows past them read as zeros.
-    q_desc = tma.make_tensor_descriptor(
-        q_ptr + q_start * stride_qt + head * stride_qh,
-        shape=[gl.maximum(seqlen_q, 1), HEAD_DIM],
-        strides=[stride_qt, 1],
-        block_shape=[BLOCK_M, HEAD_DIM],
-        layout=q_layout,
-    )
-    k_desc = tma.make_tensor_descriptor(
-        k_ptr + k_start * stride_kt + kv_head * stride_kh,
-        shape=[gl.maximum(seqlen_k, 1), HEAD_DIM],
-        strides=[stride_kt, 1],
-        block_shape=[BLOCK_N, HEAD_DIM],
-        layout=k_layout,
-    )
-    v_desc = tma.make_tensor_descriptor(
-        v_ptr + k_start * stride_vt + kv_head * stride_vh,
-        shape=[gl.maximum(seqlen_k, 1), HEAD_DIM_V],
-        strides=[stride_vt, 1],
-        block_shape=[BLOCK_N, HEAD_DIM_V],
-        layout=v_layout,
-    )
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM_V], v_layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # full 0, 1; empty 0, 1
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bars.index(0), count=1)
-    mbarrier.init(q_bars.index(1), count=1)
+    for i in gl.static_range(4):
+        mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_full.index(i), count=1)
         mbarrier.init(v_full.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=1)
     fence_async_shared()
 
-    out_base = out_head + q_start * stride_ot
-    lse_base = lse_head + q_start
     gl.warp_specialize(
         [
             (
                 _consumer,
                 (
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, out_base, lse_base,
-                    sinks_ptr, head, stride_ot, first, num_blocks, step, seqlen_q, seqlen_k, d_lo, d_hi,
-                    sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES, HAS_LEFT, HAS_RIGHT,
-                    SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, out_ptr, lse_ptr, sinks_ptr,
+                    stride_ot, stride_oh, stride_lse_h,
+                    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
+                    pos_k_ptr, rows_q, rows_k, window_left, window_right, sm_scale, softcap,
+                    HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
+                    FOLD_SCALE, HAS_SINKS, ACCUMULATE,
                 ),
             ),
             (
                 _producer,
                 (
-                    q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
-                    first, num_blocks, step, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_LEFT, HAS_RIGHT,
+                    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
+                    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
+                    pos_k_ptr, rows_q, rows_k, window_left, window_right,
+                    GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
                 ),
             ),
         ],
