@@ -4,7 +4,7 @@ when ``flash_attn.cute`` imports), on the table rows of issue 24.
 bf16, 16 heads, causal documents with uniform random lengths in a mix, packed or in slots rounded up
 to a multiple of rows; TFLOP/s counted on real tokens; each provider's calls back to back between
 one pair of CUDA events (``_common.bench_back_to_back``). ``--tiles`` sweeps Gluon tiles
-(``BMxBNwWARPSsSTAGES``). Every Gluon output is checked against the ``tl`` output on real rows
+(``BMxBNwWARPSsSTAGEScCONSUMERS``). Every Gluon output is checked against the ``tl`` output on real rows
 before it is timed. Writes one JSON document (command, commit, GPU, versions, records).
 
     python benchmarks/bench_gluon.py --out benchmarks/results/gluon-fwd.json --commit SHA
@@ -44,9 +44,9 @@ ROWS = (
 
 
 def _tile(text: str) -> gluon_forward.GluonTile:
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", text)
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)c(\d)", text)
     if m is None:
-        raise argparse.ArgumentTypeError(f"expected BMxBNwWARPSsSTAGES, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected BMxBNwWARPSsSTAGEScCONSUMERS, got {text!r}")
     return gluon_forward.GluonTile(*(int(g) for g in m.groups()))
 
 

@@ -66,6 +66,8 @@ def _variant(head_dim: int = 128, head_dim_v: int = 128, **flags: object) -> dic
         "BLOCK_N": 128,
         "STAGES": 2,
         "PRODUCER_REGS": 24,
+        "NUM_WG": 2,
+        "CONSUMER_REGS": 240,
     }
     meta.update(flags)
     return meta
@@ -73,14 +75,15 @@ def _variant(head_dim: int = 128, head_dim_v: int = 128, **flags: object) -> dic
 
 # name -> (dtype, constexprs, num_warps of the consumer)
 CONFIGS: dict[str, tuple[str, dict[str, object], int]] = {
-    "d128-causal-bf16": ("bf16", _variant(), 8),
-    "d64-fp16": ("fp16", _variant(64, 64, HAS_RIGHT=False, STAGES=3), 8),
+    "d128-causal-bf16": ("bf16", _variant(), 4),
+    "d128-causal-bf16-one-consumer": ("bf16", _variant(NUM_WG=1), 8),
+    "d64-fp16": ("fp16", _variant(64, 64, HAS_RIGHT=False, STAGES=3), 4),
     "d128-variants-bf16": (
         "bf16",
         _variant(
             HAS_LEFT=True, HAS_POSITIONS=True, SOFTCAP=True, HAS_SINKS=True, ACCUMULATE=True, FOLD_SCALE=False
         ),
-        8,
+        4,
     ),
 }
 

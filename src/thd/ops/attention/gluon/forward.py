@@ -27,26 +27,30 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class GluonTile:
-    """Query rows per program (``block_m``, split over the consumer's warpgroups), key rows per
-    stage (``block_n``), the consumer partition's warps, the K/V ring's depth, the producer warp's
-    register budget and the kernel's per-thread register cap (the consumer gets what is left)."""
+    """Query rows per work item (``block_m``, split over the consumer warpgroups), key rows per
+    stage (``block_n``), warps of the default partition, the K/V ring's depth, the consumer
+    partitions (2: two 4-warp warpgroups of ``block_m / 2`` rows taking turns, FA3's ping-pong;
+    1: the default partition alone), register budgets of the producer warp and of the second
+    consumer, and the kernel's per-thread register cap (the default partition gets the rest)."""
 
     block_m: int
     block_n: int
     num_warps: int
     stages: int
+    consumers: int = 2
     producer_regs: int = 24
+    consumer_regs: int = 240
     maxnreg: int = 168
 
     @property
     def name(self) -> str:
-        return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}"
+        return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}c{self.consumers}"
 
 
 # max(D, Dv) -> tile. Two consumer warpgroups of 64 rows each, FA3's 240/24 register split.
 TILES: dict[int, GluonTile] = {
-    64: GluonTile(128, 128, 8, 3),
-    128: GluonTile(128, 128, 8, 2),
+    64: GluonTile(128, 128, 4, 3),
+    128: GluonTile(128, 128, 4, 2),
 }
 
 
@@ -226,6 +230,8 @@ def forward(
         BLOCK_N=tile.block_n,
         STAGES=tile.stages,
         PRODUCER_REGS=tile.producer_regs,
+        NUM_WG=tile.consumers,
+        CONSUMER_REGS=tile.consumer_regs,
         num_warps=tile.num_warps,
         maxnreg=tile.maxnreg,
     )

@@ -306,15 +306,36 @@ def _release(bar):
 
 
 @gluon.jit
+def _turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, k):
+    """Ping-pong of two consumer warpgroups: wait until the other one issued its matrix products
+    (the ``k``-th turn of warpgroup ``WG``; warpgroup 0 goes first), so one group's softmax runs
+    while the other's products occupy the tensor cores. Returns the next turn's ``k``."""
+    if NUM_WG == 2:
+        mbarrier.wait(turns.index(WG), (k & 1) ^ (1 - WG))
+    return k + 1
+
+
+@gluon.jit
+def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
+    if NUM_WG == 2:
+        mbarrier.arrive(turns.index(1 - WG))
+
+
+@gluon.jit
 def _consumer(
-    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, out_ptr, lse_ptr, sinks_ptr,
+    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
     stride_ot, stride_oh, stride_lse_h,
     seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
     rows_q, rows_k, window_left, window_right, sm_scale, softcap,
     HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
+    WG: gl.constexpr, NUM_WG: gl.constexpr,
 ):  # fmt: skip
+    """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
+    BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
+    span), release each stage once (``kv_empty`` counts two arrivals) and take turns issuing."""
+    ROWS: gl.constexpr = BLOCK_M // NUM_WG
     W: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_N, 16]
@@ -326,9 +347,10 @@ def _consumer(
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
-    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     it = 0
     t = 0
+    k = 0
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
         head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi = _work_item(
             w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
@@ -339,8 +361,8 @@ def _consumer(
         )
         out_base = out_ptr + head * stride_oh + q_start * stride_ot
         lse_base = lse_ptr + head * stride_lse_h + q_start
-        rows = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
-        rows_o = m_block * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_o)
+        rows = m_block * BLOCK_M + WG * ROWS + gl.arange(0, ROWS, layout=row_s)
+        rows_o = m_block * BLOCK_M + WG * ROWS + gl.arange(0, ROWS, layout=row_o)
         cols_o = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
         out_ptrs = out_base + gl.expand_dims(rows_o.to(gl.int64) * stride_ot, 1) + gl.expand_dims(cols_o, 0)
         out_mask = gl.expand_dims(rows_o < seqlen_q, 1) & gl.expand_dims(cols_o < HEAD_DIM_V, 0)
@@ -352,11 +374,13 @@ def _consumer(
             l_i = gl.where(lse_prev == float("-inf"), 0.0, 1.0)
             acc = gl.load(out_ptrs, mask=out_mask, other=0.0).to(gl.float32)
         else:
-            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-            l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
-            acc = gl.zeros([BLOCK_M, HEAD_DIM_V], gl.float32, layout=o_layout)
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
+            l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
+            acc = gl.zeros([ROWS, HEAD_DIM_V], gl.float32, layout=o_layout)
         qi = t & 1
         q_buf = q_smem.index(qi)
+        if NUM_WG == 2:
+            q_buf = q_buf.slice(WG * ROWS, ROWS, dim=0)
         mbarrier.wait(q_bars.index(qi), (t >> 1) & 1)
         num_tiles = gl.cdiv(end - a, BLOCK_N)
         if num_tiles > 0:
@@ -378,11 +402,13 @@ def _consumer(
                 n_idx = (it + 1) % STAGES
                 n_phase = ((it + 1) // STAGES) & 1
                 mbarrier.wait(k_full.index(n_idx), n_phase)
+                mbarrier.wait(v_full.index(s_idx), phase)
+                k = _turn(turns, WG, NUM_WG, k)
                 s = warpgroup_mma(
                     q_buf, k_smem.index(n_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
                 )
-                mbarrier.wait(v_full.index(s_idx), phase)
                 acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
+                _pass_turn(turns, WG, NUM_WG)
                 s = warpgroup_mma_wait(1, deps=[s])  # this tile's scores; P V still in flight
                 p, m_i, l_i, alpha = _softmax_step(
                     s, m_i, l_i, kn, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
@@ -396,7 +422,9 @@ def _consumer(
                 s_idx = n_idx
                 phase = n_phase
             mbarrier.wait(v_full.index(s_idx), phase)
+            k = _turn(turns, WG, NUM_WG, k)
             acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
+            _pass_turn(turns, WG, NUM_WG)
             acc = warpgroup_mma_wait(0, deps=[acc])
             _release(kv_empty.index(s_idx))
             it += 1
@@ -431,7 +459,7 @@ def attention_fwd_kernel(
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, HAS_POSITIONS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
     list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
@@ -453,38 +481,68 @@ def attention_fwd_kernel(
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(4):
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(q_bars.index(2 + i), count=NUM_WG)
+        mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_full.index(i), count=1)
         mbarrier.init(v_full.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=NUM_WG)
     fence_async_shared()
 
-    gl.warp_specialize(
-        [
-            (
-                _consumer,
-                (
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, out_ptr, lse_ptr, sinks_ptr,
-                    stride_ot, stride_oh, stride_lse_h,
-                    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
-                    pos_k_ptr, rows_q, rows_k, window_left, window_right, sm_scale, softcap,
-                    HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP,
-                    FOLD_SCALE, HAS_SINKS, ACCUMULATE,
-                ),
-            ),
-            (
-                _producer,
-                (
+    # The argument tuples are spelled out in each call: in Triton 3.6 a tuple bound to a name inside
+    # the kernel turns its constexprs into values ("Shape element 0 must have type constexpr[int]").
+    if NUM_WG == 2:  # two 4-warp consumer partitions taking turns, and the producer warp
+        gl.warp_specialize(
+            [
+                (_consumer, (
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
+                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
+                    0, 2,
+                )),
+                (_consumer, (
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
+                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
+                    1, 2,
+                )),
+                (_producer, (
                     q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
-                    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
-                    pos_k_ptr, rows_q, rows_k, window_left, window_right,
-                    GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                ),
-            ),
-        ],
-        [1],
-        [PRODUCER_REGS],
-    )  # fmt: skip
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
+                    num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+                    window_left, window_right, GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
+                )),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:  # one consumer partition of num_warps warps, and the producer warp
+        gl.warp_specialize(
+            [
+                (_consumer, (
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
+                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
+                    0, 1,
+                )),
+                (_producer, (
+                    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
+                    num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+                    window_left, window_right, GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
+                )),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )  # fmt: skip
