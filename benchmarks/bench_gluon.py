@@ -3,9 +3,9 @@ when ``flash_attn.cute`` imports), on the table rows of issue 24.
 
 bf16, 16 heads, causal documents with uniform random lengths in a mix, packed or in slots rounded up
 to a multiple of rows; TFLOP/s counted on real tokens; each provider's calls back to back between
-one pair of CUDA events (``_common.bench_back_to_back``). ``--tiles`` sweeps Gluon tiles
-(``BMxBNwWARPSsSTAGEScCONSUMERS``). Every Gluon output is checked against the ``tl`` output on real rows
-before it is timed. Writes one JSON document (command, commit, GPU, versions, records).
+one pair of CUDA events (``_common.bench_back_to_back``). ``--tiles64``/``--tiles128`` sweep
+Gluon tiles (``BMxBNwWARPSsSTAGEScCONSUMERS[rREGSpCTAS]``). Every Gluon output is checked against
+the ``tl`` output on real rows before it is timed. Writes one JSON document (command, commit, GPU, versions, records).
 
     python benchmarks/bench_gluon.py --out benchmarks/results/gluon-fwd.json --commit SHA
 """
@@ -34,6 +34,7 @@ from thd.ops.attention import launch
 from thd.ops.attention.gluon import forward as gluon_forward
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
+DEFAULT_TILES = dict(gluon_forward.TILES)
 ROWS = (
     (128, "16384:64-1024"),
     (128, "16384:256-4096"),
@@ -44,10 +45,16 @@ ROWS = (
 
 
 def _tile(text: str) -> gluon_forward.GluonTile:
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)c(\d)", text)
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)c(\d)(?:r(\d+)p(\d))?", text)
     if m is None:
-        raise argparse.ArgumentTypeError(f"expected BMxBNwWARPSsSTAGEScCONSUMERS, got {text!r}")
-    return gluon_forward.GluonTile(*(int(g) for g in m.groups()))
+        raise argparse.ArgumentTypeError(
+            f"expected BMxBNwWARPSsSTAGEScCONSUMERS[rMAXNREGpCTAS], got {text!r}"
+        )
+    bm, bn, warps, stages, consumers, maxnreg, ctas = m.groups()
+    return gluon_forward.GluonTile(
+        int(bm), int(bn), int(warps), int(stages), int(consumers),
+        maxnreg=int(maxnreg or 168), ctas_per_sm=int(ctas or 1),
+    )  # fmt: skip
 
 
 def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -99,7 +106,8 @@ def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[d
         )
 
     timed("tl", lambda: launch.forward(p.q, p.k, p.v, varlen, options))
-    for tile in args.tiles or [gluon_forward.tile_for(head_dim, head_dim)]:
+    default = DEFAULT_TILES[head_dim]
+    for tile in getattr(args, f"tiles{head_dim}") or [default]:
         gluon_forward.TILES[head_dim] = tile
         try:
             out = gluon_forward.forward(p.q, p.k, p.v, varlen, options)[0]
@@ -162,7 +170,10 @@ def main() -> int:
     parser.add_argument(
         "--rows", nargs="*", default=None, help="D,TOKENS:MIX[:SLOT] (default: issue 24's table)"
     )
-    parser.add_argument("--tiles", nargs="*", type=_tile, default=None)
+    parser.add_argument("--tiles64", nargs="*", type=_tile, default=None, help="Gluon tiles for head dim 64")
+    parser.add_argument(
+        "--tiles128", nargs="*", type=_tile, default=None, help="Gluon tiles for head dim 128"
+    )
     parser.add_argument("--fa4", action="store_true", help="time FlashAttention-4 as well")
     parser.add_argument("--rep-ms", type=float, default=200.0)
     args = parser.parse_args()
@@ -180,6 +191,7 @@ def main() -> int:
                 "label": f"D{rec['shape']['head_dim']}-{rec['shape']['tokens']}-{rec['shape']['mix']}"
                 f"-slots{rec['shape']['slot_multiple']}",
                 "tile": rec["tile"],
+                "default_tile": rec["tile"] == DEFAULT_TILES[rec["shape"]["head_dim"]].name,
                 "gluon_tflops": rec["tflops"],
                 **{
                     f"vs_{name}": rec["tflops"] / peer["tflops"]

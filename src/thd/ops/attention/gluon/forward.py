@@ -31,7 +31,8 @@ class GluonTile:
     stage (``block_n``), warps of the default partition, the K/V ring's depth, the consumer
     partitions (2: two 4-warp warpgroups of ``block_m / 2`` rows taking turns, FA3's ping-pong;
     1: the default partition alone), register budgets of the producer warp and of the second
-    consumer, and the kernel's per-thread register cap (the default partition gets the rest)."""
+    consumer, the kernel's per-thread register cap (the default partition gets the rest) and how
+    many persistent programs share an SM."""
 
     block_m: int
     block_n: int
@@ -41,10 +42,14 @@ class GluonTile:
     producer_regs: int = 24
     consumer_regs: int = 240
     maxnreg: int = 168
+    ctas_per_sm: int = 1  # persistent programs per SM (shared memory and registers must allow it)
 
     @property
     def name(self) -> str:
-        return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}c{self.consumers}"
+        text = f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}c{self.consumers}"
+        if self.maxnreg != 168 or self.ctas_per_sm != 1:
+            text += f"r{self.maxnreg}p{self.ctas_per_sm}"
+        return text
 
 
 # max(D, Dv) -> tile. Two consumer warpgroups of 64 rows each, FA3's 240/24 register split.
@@ -182,7 +187,7 @@ def forward(
     softcap = options.softcap if options.softcap > 0.0 else 1.0
     seq, blk, count = _work_list(layout, num_rows, tile.block_m)
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    grid = (min(_num_sms(index), seq.shape[0] * num_heads),)
+    grid = (min(_num_sms(index) * tile.ctas_per_sm, seq.shape[0] * num_heads),)
     attention_fwd_kernel[grid](
         q,
         k,
