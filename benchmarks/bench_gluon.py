@@ -162,6 +162,43 @@ def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[d
     return records
 
 
+def _ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each Gluon record's TFLOP/s and its ratio to every peer timed on the same shape."""
+    ratios = []
+    for rec in records:
+        if rec["provider"] != "gluon" or rec["status"] != "ok":
+            continue
+        peers = {r["provider"]: r for r in records if r["shape"] == rec["shape"] and r["status"] == "ok"}
+        ratios.append(
+            {
+                "label": f"D{rec['shape']['head_dim']}-{rec['shape']['tokens']}-{rec['shape']['mix']}"
+                f"-slots{rec['shape']['slot_multiple']}",
+                "tile": rec["tile"],
+                "default_tile": rec["tile"] == DEFAULT_TILES[rec["shape"]["head_dim"]].name,
+                "gluon_tflops": rec["tflops"],
+                **{
+                    f"vs_{name}": rec["tflops"] / peer["tflops"]
+                    for name, peer in peers.items()
+                    if name != "gluon"
+                },
+            }
+        )
+    return ratios
+
+
+def _payload(args: argparse.Namespace, records: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> dict:
+    return {
+        "benchmark": "gluon-fwd",
+        "command": command_line(),
+        "commit": args.commit,
+        "env": env_fingerprint(),
+        "fa4_version": fa4_version() if args.fa4 else None,
+        "config": {"heads": 16, "dtype": "bfloat16", "causal": True, "rep_ms": args.rep_ms},
+        "records": records,
+        "ratios": ratios,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/gluon-fwd.json")
@@ -182,36 +219,8 @@ def main() -> int:
     records: list[dict[str, Any]] = []
     for head_dim, spec in rows:
         records += measure(head_dim, LayoutSpec.parse(spec), args)
-    ratios = []
-    for rec in records:
-        if rec["provider"] != "gluon" or rec["status"] != "ok":
-            continue
-        peers = {r["provider"]: r for r in records if r["shape"] == rec["shape"] and r["status"] == "ok"}
-        ratios.append(
-            {
-                "label": f"D{rec['shape']['head_dim']}-{rec['shape']['tokens']}-{rec['shape']['mix']}"
-                f"-slots{rec['shape']['slot_multiple']}",
-                "tile": rec["tile"],
-                "default_tile": rec["tile"] == DEFAULT_TILES[rec["shape"]["head_dim"]].name,
-                "gluon_tflops": rec["tflops"],
-                **{
-                    f"vs_{name}": rec["tflops"] / peer["tflops"]
-                    for name, peer in peers.items()
-                    if name != "gluon"
-                },
-            }
-        )
-    payload = {
-        "benchmark": "gluon-fwd",
-        "command": command_line(),
-        "commit": args.commit,
-        "env": env_fingerprint(),
-        "fa4_version": fa4_version() if args.fa4 else None,
-        "config": {"heads": 16, "dtype": "bfloat16", "causal": True, "rep_ms": args.rep_ms},
-        "records": records,
-        "ratios": ratios,
-    }
-    write_json(args.out, payload)
+        ratios = _ratios(records)
+        write_json(args.out, _payload(args, records, ratios))  # after every row: a cut run keeps its rows
     for r in ratios:
         print(r, flush=True)
     return 0
