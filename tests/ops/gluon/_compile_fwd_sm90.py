@@ -68,7 +68,6 @@ def _variant(head_dim: int = 128, head_dim_v: int = 128, **flags: object) -> dic
         "PRODUCER_REGS": 24,
         "NUM_WG": 2,
         "CONSUMER_REGS": 240,
-        "PREFETCH": True,
     }
     meta.update(flags)
     return meta

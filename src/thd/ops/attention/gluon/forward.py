@@ -43,14 +43,13 @@ class GluonTile:
     consumer_regs: int = 240
     maxnreg: int = 168
     ctas_per_sm: int = 1  # persistent programs per SM (shared memory and registers must allow it)
-    prefetch: bool = True  # read the next work item's offsets while computing this one
 
     @property
     def name(self) -> str:
         text = f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}c{self.consumers}"
         if self.maxnreg != 168 or self.ctas_per_sm != 1:
             text += f"r{self.maxnreg}p{self.ctas_per_sm}"
-        return text if self.prefetch else text + "n"
+        return text
 
 
 # max(D, Dv) -> tile. Two consumer warpgroups of 64 rows each, FA3's 240/24 register split.
@@ -238,7 +237,6 @@ def forward(
         PRODUCER_REGS=tile.producer_regs,
         NUM_WG=tile.consumers,
         CONSUMER_REGS=tile.consumer_regs,
-        PREFETCH=tile.prefetch,
         num_warps=tile.num_warps,
         maxnreg=tile.maxnreg,
     )

@@ -1,26 +1,22 @@
 """Warp-specialized Gluon forward attention for Hopper (sm_90), FlashAttention-3's structure.
 
-Persistent: ``G`` programs (one per SM) take work items ``p, p + G, ...`` of a list built on the
-device from the offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, tile index descending,
-heads innermost), so short documents leave no empty programs and nothing syncs with the host.
-Before the warp-specialized region the programs write every padding row (``out`` 0, ``lse`` -inf)
-between them, as the ``tl`` kernel does; the cost is proportional to the padding. Then:
+One program per (query tile, head, sequence), the grid of the ``tl`` forward (``launch.py``): axis 0
+walks a sequence's query tiles from the last one, axis 2 has one extra index for the tail rows past
+the last slot. Before the warp-specialized region every program writes its share of its slot's
+padding rows (``out`` 0, ``lse`` -inf), as the ``tl`` kernel does. Then two partitions run:
 
-- the producer (one warp, 24 registers): per work item, device-side tensor descriptors bounded by
-  the sequence's real rows (double-buffered with Q by item parity), a TMA load of Q, then the K and
-  V tiles of every key tile the item sees into a ``STAGES``-deep shared-memory ring;
-  ``k_full``/``v_full`` barriers carry the copies' byte counts, ``kv_empty`` frees a stage;
-- the consumers (``NUM_WG = 2``: two 4-warp partitions of 240 registers, rows ``[0, 64)`` and
-  ``[64, 128)`` of each tile; ``NUM_WG = 1``: the default partition alone): ``S = Q K^T`` by async
+- the producer (one warp, few registers): per query tile, a TMA load of Q, then the K and V tiles
+  of every key tile the tile sees, into a ``STAGES``-deep shared-memory ring; ``k_full``/``v_full``
+  barriers carry the copies' byte counts, ``kv_empty`` says a stage is free again;
+- the consumer (the default partition, ``num_warps`` warps, the registers): ``S = Q K^T`` by async
   ``wgmma`` from shared memory, the online softmax with ``exp2`` and the scale folded into one
-  multiply-add, ``O += P V`` with P from registers. The next tile's ``Q K^T`` is issued with this
-  tile's ``P V`` and waited for with one group in flight, so the softmax overlaps the ``P V``; the
-  two consumers take turns issuing their products (two ``turns`` mbarriers, FA3's ping-pong), so
-  one's softmax runs while the other's products occupy the tensor cores.
+  multiply-add, ``O += P V`` with P from registers. The next tile's ``Q K^T`` is issued before this
+  tile's ``P V`` and waited for with one group in flight, so its softmax overlaps the ``P V``.
 
-The descriptors' shapes make the copy engine zero-fill rows past a sequence: padding or spare rows
-never reach shared memory. Masks are applied only on tiles that cross a band edge or the sequence's
-end; output rows are stored with a row mask. Visibility and tile ranges follow ``kernels.py``.
+Every tile load goes through a device-side tensor descriptor whose shape is the sequence's real
+rows, so the copy engine zero-fills rows past the sequence and padding or spare rows never reach
+shared memory. Masks are applied only on tiles that cross a band edge or the sequence's end;
+output rows are stored with a row mask. Visibility and tile ranges follow ``kernels.py``.
 """
 
 from __future__ import annotations
@@ -141,16 +137,15 @@ def _tile_span(
 
 @gluon.jit
 def _work_item(
-    w, total, num_seqs, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
-    pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
+    w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+    rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
 ):  # fmt: skip
     """Work item ``w`` (heads innermost): its head, query tile, the sequence's query and key spans
     and its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
-    placed by the positions). The loops ask for the next item while computing this one (its loads'
-    latency hides behind the tile); an ``w`` past the list reads a valid item (clamped), unused."""
-    item = gl.maximum(gl.minimum(w, total - 1), 0) // num_heads
-    head = w - (w // num_heads) * num_heads
-    b = gl.minimum(gl.maximum(gl.load(seq_ptr + item), 0), num_seqs - 1)
+    placed by the positions)."""
+    item = w // num_heads
+    head = w - item * num_heads
+    b = gl.load(seq_ptr + item)
     m_block = gl.load(blk_ptr + item)
     q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
     k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
@@ -213,30 +208,22 @@ def _load_item(
 def _producer(
     q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
-    seq_ptr, blk_ptr, total, num_seqs, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
-    pos_q_ptr, pos_k_ptr,
+    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
     rows_q, rows_k, window_left, window_right,
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr, PREFETCH: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
     """The copies of this program's work items, in the order the consumer reads them. Q and the
     descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
     consumer to release that buffer's Q, which it does once it has read every tile of that item."""
     it = 0
     t = 0
-    step = gl.num_programs(0)
-    head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _work_item(
-        gl.program_id(0), total, num_seqs, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr,
-        cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
-    )  # fmt: skip
-    for w in range(gl.program_id(0), total, step):
-        nxt = _work_item(
-            w + step * PREFETCH, total, num_seqs, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr,
-            cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
+    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+        head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _work_item(
+            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
         )  # fmt: skip
-        if not PREFETCH:
-            head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = nxt
         a, _, _, end = _tile_span(
             m_block, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
         )
@@ -257,7 +244,6 @@ def _producer(
                 HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
             )  # fmt: skip
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
-        head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = nxt
 
 
 # ----------------------------------------------------------------------------- consumer
@@ -339,13 +325,12 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
 def _consumer(
     q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
     stride_ot, stride_oh, stride_lse_h,
-    seq_ptr, blk_ptr, total, num_seqs, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
-    pos_q_ptr, pos_k_ptr,
+    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
     rows_q, rows_k, window_left, window_right, sm_scale, softcap,
     HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
-    PREFETCH: gl.constexpr, WG: gl.constexpr, NUM_WG: gl.constexpr,
+    WG: gl.constexpr, NUM_WG: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
@@ -366,18 +351,11 @@ def _consumer(
     it = 0
     t = 0
     k = 0
-    step = gl.num_programs(0)
-    head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi = _work_item(
-        gl.program_id(0), total, num_seqs, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr,
-        cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
-    )  # fmt: skip
-    for w in range(gl.program_id(0), total, step):
-        nxt = _work_item(
-            w + step * PREFETCH, total, num_seqs, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr,
-            cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
+    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+        head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi = _work_item(
+            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
         )  # fmt: skip
-        if not PREFETCH:
-            head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi = nxt
         a, b_full, c_full, end = _tile_span(
             m_block, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
         )
@@ -466,7 +444,6 @@ def _consumer(
         lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
         gl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
         gl.store(lse_base + rows, lse, mask=rows < seqlen_q)
-        head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi = nxt
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -483,7 +460,6 @@ def attention_fwd_kernel(
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PREFETCH: gl.constexpr,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
     list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
@@ -523,29 +499,26 @@ def attention_fwd_kernel(
             [
                 (_consumer, (
                     q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
-                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_seqs,
-                    num_heads,
+                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
                     cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
                     window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
                     HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
-                    PREFETCH, 0, 2,
+                    0, 2,
                 )),
                 (_consumer, (
                     q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
-                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_seqs,
-                    num_heads,
+                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
                     cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
                     window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
                     HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
-                    PREFETCH, 1, 2,
+                    1, 2,
                 )),
                 (_producer, (
                     q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
-                    num_seqs, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-                    rows_q, rows_k,
+                    num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
                     window_left, window_right, GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, PREFETCH,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
                 )),
             ],
             [4, 1],
@@ -556,20 +529,18 @@ def attention_fwd_kernel(
             [
                 (_consumer, (
                     q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
-                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_seqs,
-                    num_heads,
+                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
                     cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
                     window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
                     HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
-                    PREFETCH, 0, 1,
+                    0, 1,
                 )),
                 (_producer, (
                     q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
-                    num_seqs, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-                    rows_q, rows_k,
+                    num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
                     window_left, window_right, GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, PREFETCH,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
                 )),
             ],
             [1],
