@@ -1,22 +1,26 @@
 """Warp-specialized Gluon forward attention for Hopper (sm_90), FlashAttention-3's structure.
 
-One program per (query tile, head, sequence), the grid of the ``tl`` forward (``launch.py``): axis 0
-walks a sequence's query tiles from the last one, axis 2 has one extra index for the tail rows past
-the last slot. Before the warp-specialized region every program writes its share of its slot's
-padding rows (``out`` 0, ``lse`` -inf), as the ``tl`` kernel does. Then two partitions run:
+Persistent: ``G`` programs (one per SM) take work items ``p, p + G, ...`` of a list built on the
+device from the offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, tile index descending,
+heads innermost), so short documents leave no empty programs and nothing syncs with the host.
+Before the warp-specialized region the programs write every padding row (``out`` 0, ``lse`` -inf)
+between them, as the ``tl`` kernel does; the cost is proportional to the padding. Then:
 
-- the producer (one warp, few registers): per query tile, a TMA load of Q, then the K and V tiles
-  of every key tile the tile sees, into a ``STAGES``-deep shared-memory ring; ``k_full``/``v_full``
-  barriers carry the copies' byte counts, ``kv_empty`` says a stage is free again;
-- the consumer (the default partition, ``num_warps`` warps, the registers): ``S = Q K^T`` by async
+- the producer (one warp, 24 registers): per work item, device-side tensor descriptors bounded by
+  the sequence's real rows (double-buffered with Q by item parity), a TMA load of Q, then the K and
+  V tiles of every key tile the item sees into a ``STAGES``-deep shared-memory ring;
+  ``k_full``/``v_full`` barriers carry the copies' byte counts, ``kv_empty`` frees a stage;
+- the consumers (``NUM_WG = 2``: two 4-warp partitions of 240 registers, rows ``[0, 64)`` and
+  ``[64, 128)`` of each tile; ``NUM_WG = 1``: the default partition alone): ``S = Q K^T`` by async
   ``wgmma`` from shared memory, the online softmax with ``exp2`` and the scale folded into one
-  multiply-add, ``O += P V`` with P from registers. The next tile's ``Q K^T`` is issued before this
-  tile's ``P V`` and waited for with one group in flight, so its softmax overlaps the ``P V``.
+  multiply-add, ``O += P V`` with P from registers. The next tile's ``Q K^T`` is issued with this
+  tile's ``P V`` and waited for with one group in flight, so the softmax overlaps the ``P V``; the
+  two consumers take turns issuing their products (two ``turns`` mbarriers, FA3's ping-pong), so
+  one's softmax runs while the other's products occupy the tensor cores.
 
-Every tile load goes through a device-side tensor descriptor whose shape is the sequence's real
-rows, so the copy engine zero-fills rows past the sequence and padding or spare rows never reach
-shared memory. Masks are applied only on tiles that cross a band edge or the sequence's end;
-output rows are stored with a row mask. Visibility and tile ranges follow ``kernels.py``.
+The descriptors' shapes make the copy engine zero-fill rows past a sequence: padding or spare rows
+never reach shared memory. Masks are applied only on tiles that cross a band edge or the sequence's
+end; output rows are stored with a row mask. Visibility and tile ranges follow ``kernels.py``.
 """
 
 from __future__ import annotations
