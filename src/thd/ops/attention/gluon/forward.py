@@ -42,7 +42,10 @@ class GluonTile:
     producer_regs: int = 24
     consumer_regs: int = 240
     maxnreg: int = 168
-    ctas_per_sm: int = 1  # persistent programs per SM (shared memory and registers must allow it)
+    # Persistent programs per SM (shared memory and registers must allow it). Not used by TILES: on
+    # the H200, 64x64w4s2c1 at maxnreg 128 with 2 per SM ran (D=128, slower than TILES), but the
+    # D=64 tile 64x64w4s3c1 so configured raised "CUDA error: an illegal instruction" (not investigated).
+    ctas_per_sm: int = 1
 
     @property
     def name(self) -> str:
