@@ -218,7 +218,7 @@ def compile_config(name: str) -> dict[str, object]:
     from triton.backends.compiler import GPUTarget
 
     kernels = _import_kernels()
-    from thd.ops.attention.gluon._bwd_compat import GluonASTSource
+    from thd.ops.attention.gluon.compat import GluonASTSource
 
     kernel, args, dtype, meta, fp32 = CONFIGS[name]
     signature = _signature(args, dtype, meta, fp32)

@@ -16,7 +16,7 @@ import triton
 from torch import Tensor
 from triton.runtime import _allocation
 
-from thd.ops.attention.gluon._bwd_compat import HAS_GLUON_HOPPER
+from thd.ops.attention.gluon.compat import HAS_GLUON
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = ["ATOMIC_DQ", "TILES", "GluonTile", "backward", "supports_backward"]
@@ -117,7 +117,7 @@ def supports_backward(
     accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> bool:
     """Whether :func:`backward` covers this call (metadata only: no device reads)."""
-    if not HAS_GLUON_HOPPER or _INTERPRET or not q.is_cuda:
+    if not HAS_GLUON or _INTERPRET or not q.is_cuda:
         return False
     if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         return False

@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from thd.ops.attention.gluon._bwd_compat import cta_barrier, tma_load
+from thd.ops.attention.gluon.compat import cta_barrier, tma_load
 
 __all__ = ["_dkdv_kernel", "_dq_kernel", "_preprocess_kernel"]
 

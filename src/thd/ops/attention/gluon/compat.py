@@ -1,0 +1,54 @@
+"""One spelling of Gluon's Hopper API for Triton 3.6 (the GPU machine) and 3.9 (CI).
+
+Names that moved between versions are bound here once, the newer name tried first (3.9 keeps some
+old names only to raise "has been removed" at compile time). Importing this module never fails:
+without Gluon, :data:`HAS_GLUON` is False and the kernel modules must not be imported.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HAS_GLUON",
+    "GluonASTSource",
+    "cta_barrier",
+    "fence_async_shared",
+    "gl",
+    "gluon",
+    "gluon_available",
+    "mbarrier",
+    "tma",
+    "tma_load",
+    "warpgroup_mma",
+    "warpgroup_mma_wait",
+]
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+except ImportError:  # a Triton without Gluon's Hopper surface
+    HAS_GLUON = False
+    gluon = gl = mbarrier = tma = None  # type: ignore[assignment]
+    fence_async_shared = warpgroup_mma = warpgroup_mma_wait = tma_load = cta_barrier = None  # type: ignore[assignment]
+    GluonASTSource = None  # type: ignore[assignment,misc]
+else:
+    HAS_GLUON = hasattr(gl, "warp_specialize") and hasattr(tma, "make_tensor_descriptor")
+    # TMA global -> shared copy: 3.9 ``async_load``, 3.6 ``async_copy_global_to_shared``.
+    tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    # Barrier over the threads of the current partition: 3.9 ``barrier``, 3.6 ``thread_barrier``.
+    cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+    try:
+        from triton.experimental.gluon import GluonASTSource
+    except ImportError:
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+
+def gluon_available() -> bool:
+    """Whether the installed Triton has every Gluon piece the Hopper kernels use."""
+    return HAS_GLUON

@@ -1,0 +1,246 @@
+"""Host side of the Gluon forward: which calls it takes (:func:`supports_forward`) and the launch
+(:func:`forward`, the contract of ``thd.ops.attention.launch.forward``).
+
+The kernel (``forward_kernel.py``) needs an sm_90 GPU, 16-bit inputs, head dims 64 or 128 and rows
+whose starts the copy engine can address (16-byte aligned data and row/head strides). Anything else
+is for the ``tl`` kernels; the caller asks :func:`supports_forward` first.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+from torch import Tensor
+from triton.runtime import _allocation
+
+from thd.ops.attention.gluon.compat import gluon_available
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
+
+__all__ = ["GluonTile", "TILES", "forward", "supports_forward", "tile_for"]
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class GluonTile:
+    """Query rows per work item (``block_m``, split over the consumer warpgroups), key rows per
+    stage (``block_n``), warps of the default partition, the K/V ring's depth, the consumer
+    partitions (2: two 4-warp warpgroups of ``block_m / 2`` rows taking turns, FA3's ping-pong;
+    1: the default partition alone), register budgets of the producer warp and of the second
+    consumer, the kernel's per-thread register cap (the default partition gets the rest) and how
+    many persistent programs share an SM."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    stages: int
+    consumers: int = 2
+    producer_regs: int = 24
+    consumer_regs: int = 240
+    maxnreg: int = 168
+    # Persistent programs per SM (shared memory and registers must allow it). Not used by TILES: on
+    # the H200, 64x64w4s2c1 at maxnreg 128 with 2 per SM ran (D=128, slower than TILES), but the
+    # D=64 tile 64x64w4s3c1 so configured raised "CUDA error: an illegal instruction" (not investigated).
+    ctas_per_sm: int = 1
+
+    @property
+    def name(self) -> str:
+        text = f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}c{self.consumers}"
+        if self.maxnreg != 168 or self.ctas_per_sm != 1:
+            text += f"r{self.maxnreg}p{self.ctas_per_sm}"
+        return text
+
+
+# max(D, Dv) -> tile. Two consumer warpgroups of 64 rows each, FA3's 240/24 register split.
+TILES: dict[int, GluonTile] = {
+    64: GluonTile(128, 128, 4, 3),
+    128: GluonTile(128, 128, 4, 2),
+}
+
+
+def tile_for(head_dim: int, head_dim_v: int) -> GluonTile:
+    return TILES[max(head_dim, head_dim_v)]
+
+
+@functools.cache
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+@functools.cache
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _work_list(layout: VarlenLayout, num_rows: int, block_m: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(seq, blk, count)`` of :func:`schedule.build_work_list` in one int32 allocation; its
+    capacity bounds the query tiles of any valid layout (``rows / block_m + sequences``)."""
+    from thd.ops.attention.gluon.schedule import build_work_list
+
+    num_seqs = layout.num_seqs
+    capacity = num_rows // block_m + num_seqs + 1
+    buffer = torch.empty(2 * capacity + 1, dtype=torch.int32, device=layout.cu_seqlens_q.device)
+    seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
+    build_work_list[(num_seqs,)](
+        layout.cu_seqlens_q,
+        layout.slots_q,
+        seq,
+        blk,
+        count,
+        num_seqs,
+        num_rows,
+        capacity,
+        BLOCK_M=block_m,
+        BLOCK_B=64,
+        BLOCK_T=32,
+        num_warps=4,
+    )
+    return seq, blk, count
+
+
+def _copyable(t: Tensor) -> bool:
+    """Whether TMA can read ``[T, H, D]`` rows of ``t`` per head: unit last stride, 16-byte
+    aligned data, row and head strides."""
+    size = t.element_size()
+    return (
+        t.stride(-1) == 1
+        and t.data_ptr() % 16 == 0
+        and (t.stride(0) * size) % 16 == 0
+        and (t.stride(1) * size) % 16 == 0
+    )
+
+
+def supports_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
+    accumulate: tuple[Tensor, Tensor] | None = None,
+) -> bool:
+    """Whether :func:`forward` computes this call (else it is the ``tl`` kernels'): an sm_90 GPU,
+    a Triton with Gluon's Hopper surface, bf16/fp16 ``q, k, v`` of one dtype, head dims 64 or 128,
+    TMA-addressable rows. ``options`` and ``sinks`` take any value the
+    ``tl`` forward takes."""
+    del options, sinks  # every window, softcap, sink and scale is covered
+    if not gluon_available() or not q.is_cuda:
+        return False
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if not _is_sm90(index):
+        return False
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return False
+    if q.shape[2] not in HEAD_DIMS or k.shape[2] != q.shape[2] or v.shape[2] not in HEAD_DIMS:
+        return False
+    if accumulate is not None and accumulate[1].stride(1) != 1:
+        return False
+    return all(_copyable(t) for t in (q, k, v))
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Device-side tensor descriptors live in a global scratch Triton allocates per launch through
+    a per-thread allocator: set one in the launching thread if none is set."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+def forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: VarlenLayout,
+    options: AttentionOptions,
+    sinks: Tensor | None = None,
+    accumulate: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One launch: ``(out, lse)``, padding rows written as 0 / -inf by the kernel.
+
+    ``layout.max_seqlen_*`` are not needed (the work list is built on the device from the offsets,
+    so there is no host sync either way). ``accumulate=(out, lse)``: fold this launch into that
+    normalised partial result in place (only its real rows are read and written) and return it.
+    """
+    from thd.ops.attention.gluon.forward_kernel import attention_fwd_kernel
+
+    num_rows, num_heads = q.shape[0], q.shape[1]
+    if accumulate is None:
+        out = q.new_empty(num_rows, num_heads, v.shape[2])
+        lse = q.new_empty(num_heads, num_rows, dtype=torch.float32)
+    else:
+        out, lse = accumulate
+    if num_rows == 0:
+        return out, lse
+    if layout.num_seqs == 0:  # every row is tail capacity
+        if accumulate is None:
+            out.zero_()
+            lse.fill_(float("-inf"))
+        return out, lse
+    _ensure_allocator()
+    tile = tile_for(q.shape[2], v.shape[2])
+    positions = layout.positions_q is not None and layout.positions_kv is not None
+    pos_q, pos_kv = (layout.positions_q, layout.positions_kv) if positions else (layout.cu_seqlens_q,) * 2
+    softcap = options.softcap if options.softcap > 0.0 else 1.0
+    seq, blk, count = _work_list(layout, num_rows, tile.block_m)
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    grid = (min(_num_sms(index) * tile.ctas_per_sm, seq.shape[0] * num_heads),)
+    attention_fwd_kernel[grid](
+        q,
+        k,
+        v,
+        out,
+        lse,
+        q if sinks is None else sinks,
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_kv,
+        layout.slots_q,
+        layout.slots_kv,
+        pos_q,
+        pos_kv,
+        seq,
+        blk,
+        count,
+        layout.num_seqs,
+        num_heads,
+        num_rows,
+        k.shape[0],
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0),
+        options.softmax_scale,
+        softcap,
+        max(options.window_left, 0),
+        max(options.window_right, 0),
+        GROUP=num_heads // k.shape[1],
+        HEAD_DIM=q.shape[2],
+        HEAD_DIM_V=v.shape[2],
+        HAS_POSITIONS=positions,
+        HAS_LEFT=options.window_left >= 0,
+        HAS_RIGHT=options.window_right >= 0,
+        SOFTCAP=options.softcap > 0.0,
+        HAS_SINKS=sinks is not None,
+        ACCUMULATE=accumulate is not None,
+        FOLD_SCALE=options.softmax_scale > 0.0 and options.softcap <= 0.0,
+        BLOCK_M=tile.block_m,
+        BLOCK_N=tile.block_n,
+        STAGES=tile.stages,
+        PRODUCER_REGS=tile.producer_regs,
+        NUM_WG=tile.consumers,
+        CONSUMER_REGS=tile.consumer_regs,
+        num_warps=tile.num_warps,
+        maxnreg=tile.maxnreg,
+    )
+    return out, lse

@@ -1,0 +1,552 @@
+"""Warp-specialized Gluon forward attention for Hopper (sm_90), FlashAttention-3's structure.
+
+Persistent: ``G`` programs (one per SM) take work items ``p, p + G, ...`` of a list built on the
+device from the offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, tile index descending,
+heads innermost), so short documents leave no empty programs and nothing syncs with the host.
+Before the warp-specialized region the programs write every padding row (``out`` 0, ``lse`` -inf)
+between them, as the ``tl`` kernel does; the cost is proportional to the padding. Then:
+
+- the producer (one warp, 24 registers): per work item, device-side tensor descriptors bounded by
+  the sequence's real rows (double-buffered with Q by item parity), a TMA load of Q, then the K and
+  V tiles of every key tile the item sees into a ``STAGES``-deep shared-memory ring;
+  ``k_full``/``v_full`` barriers carry the copies' byte counts, ``kv_empty`` frees a stage;
+- the consumers (``NUM_WG = 2``: two 4-warp partitions of 240 registers, rows ``[0, 64)`` and
+  ``[64, 128)`` of each tile; ``NUM_WG = 1``: the default partition alone): ``S = Q K^T`` by async
+  ``wgmma`` from shared memory, the online softmax with ``exp2`` and the scale folded into one
+  multiply-add, ``O += P V`` with P from registers. The next tile's ``Q K^T`` is issued with this
+  tile's ``P V`` and waited for with one group in flight, so the softmax overlaps the ``P V``; the
+  two consumers take turns issuing their products (two ``turns`` mbarriers, FA3's ping-pong), so
+  one's softmax runs while the other's products occupy the tensor cores.
+
+The descriptors' shapes make the copy engine zero-fill rows past a sequence: padding or spare rows
+never reach shared memory. Masks are applied only on tiles that cross a band edge or the sequence's
+end; output rows are stored with a row mask. Visibility and tile ranges follow ``kernels.py``.
+"""
+
+from __future__ import annotations
+
+from thd.ops.attention.gluon.compat import (
+    cta_barrier,
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    tma,
+    tma_load,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+__all__ = ["attention_fwd_kernel"]
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+# ----------------------------------------------------------------------------- sequence geometry
+
+
+@gluon.jit
+def _span(cu_ptr, cup_ptr, b, num_rows):
+    """(first row, real length) of sequence ``b``, clamped to the rows ``[0, num_rows)``."""
+    lo = gl.load(cu_ptr + b).to(gl.int64)
+    hi = gl.load(cu_ptr + b + 1).to(gl.int64)
+    start = gl.minimum(gl.maximum(gl.load(cup_ptr + b).to(gl.int64), 0), num_rows)
+    length = gl.minimum(gl.maximum(hi - lo, 0), num_rows - start)
+    return start, length.to(gl.int32)
+
+
+@gluon.jit
+def _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows):
+    """Padding rows ``[lo, hi)`` of slot ``b`` (clamped); ``b == num_seqs`` is the tail."""
+    if b < num_seqs:
+        start, length = _span(cu_ptr, cup_ptr, b, num_rows)
+        lo = start + length
+        hi = gl.load(cup_ptr + b + 1).to(gl.int64)
+        hi = gl.minimum(gl.maximum(hi, lo), num_rows)
+    else:
+        lo = gl.minimum(gl.maximum(gl.load(cup_ptr + b).to(gl.int64), 0), num_rows)
+        hi = num_rows.to(gl.int64)
+    return lo, hi
+
+
+@gluon.jit
+def _fill_padding(
+    out_ptr, lse_ptr, stride_ot, stride_oh, stride_lse_h, cu_ptr, cup_ptr, num_seqs, num_heads, num_rows,
+    WIDTH: gl.constexpr,
+):  # fmt: skip
+    """This program's share of every slot's padding rows (and the tail past the last slot):
+    ``out`` 0 and ``lse`` -inf. Work is split over (slot, head, chunk of rows) round robin."""
+    BLOCK_R: gl.constexpr = 32
+    CHUNKS: gl.constexpr = 4
+    W: gl.constexpr = gl.num_warps()
+    tile: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // WIDTH, WIDTH // 8], [W, 1], [1, 0])
+    line: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
+    offs_r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, tile))
+    offs_w = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, tile))
+    offs_l = gl.arange(0, BLOCK_R, layout=line)
+    zeros = gl.zeros([BLOCK_R, WIDTH], out_ptr.dtype.element_ty, layout=tile)
+    minus_inf = gl.full([BLOCK_R], float("-inf"), gl.float32, layout=line)
+    for job in range(gl.program_id(0), (num_seqs + 1) * num_heads * CHUNKS, gl.num_programs(0)):
+        chunk = job % CHUNKS
+        head = (job // CHUNKS) % num_heads
+        b = job // (CHUNKS * num_heads)
+        lo, hi = _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows)
+        out_head = out_ptr + head * stride_oh
+        lse_head = lse_ptr + head * stride_lse_h
+        for row0 in range(lo + chunk * BLOCK_R, hi, CHUNKS * BLOCK_R):
+            rows = row0 + offs_r
+            ptrs = out_head + gl.expand_dims(rows * stride_ot, 1) + gl.expand_dims(offs_w, 0)
+            mask = gl.expand_dims(rows < hi, 1) & gl.expand_dims(offs_w < WIDTH, 0)
+            gl.store(ptrs, zeros, mask=mask)
+            rows_l = row0 + offs_l
+            gl.store(lse_head + rows_l, minus_inf, mask=rows_l < hi)
+
+
+@gluon.jit
+def _tile_span(
+    m_block,
+    seqlen_q,
+    seqlen_k,
+    d_lo,
+    d_hi,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+):
+    """Key tiles of query tile ``m_block``: ``[a, end)`` in steps of ``BLOCK_N``, of which those
+    inside ``[b, c)`` are seen in full by every row (no mask); see ``kernels._tile_ranges``."""
+    t0 = m_block * BLOCK_M
+    t_last = gl.minimum(t0 + BLOCK_M, seqlen_q) - 1
+    lo = 0
+    full_lo = 0
+    end = seqlen_k
+    full_hi = seqlen_k
+    if HAS_LEFT:
+        lo = gl.maximum(t0 + d_lo, 0)
+        full_lo = gl.maximum(t_last + d_lo, 0)
+    if HAS_RIGHT:
+        end = gl.maximum(gl.minimum(t_last + d_hi + 1, seqlen_k), 0)
+        full_hi = gl.maximum(gl.minimum(t0 + d_hi + 1, seqlen_k), 0)
+    a = (lo // BLOCK_N) * BLOCK_N
+    b = gl.cdiv(full_lo, BLOCK_N) * BLOCK_N
+    c = (full_hi // BLOCK_N) * BLOCK_N
+    if c <= b:  # no tile is seen in full
+        b = a
+        c = a
+    end = gl.maximum(end, c)
+    return a, b, c, end
+
+
+@gluon.jit
+def _work_item(
+    w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+    rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
+):  # fmt: skip
+    """Work item ``w`` (heads innermost): its head, query tile, the sequence's query and key spans
+    and its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
+    placed by the positions)."""
+    item = w // num_heads
+    head = w - item * num_heads
+    b = gl.load(seq_ptr + item)
+    m_block = gl.load(blk_ptr + item)
+    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
+    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
+    if HAS_POSITIONS:  # noqa: SIM108 -- a constexpr branch
+        offset = gl.load(pos_q_ptr + b) - gl.load(pos_k_ptr + b)
+    else:
+        offset = seqlen_k - seqlen_q
+    return head, m_block, q_start, seqlen_q, k_start, seqlen_k, offset - window_left, offset + window_right
+
+
+# ----------------------------------------------------------------------------- producer
+
+
+@gluon.jit
+def _load_item(
+    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    head, kv_head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
+    q_buf, q_full, k_smem, v_smem, k_full, v_full, kv_empty, it,
+    HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+):  # fmt: skip
+    """One work item's copies: descriptors bounded by the sequence's real rows (rows past them read
+    as zeros), Q into ``q_buf``, then the K and V tiles ``[a, end)`` into the ring."""
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    q_desc = tma.make_tensor_descriptor(
+        q_ptr + q_start * stride_qt + head * stride_qh,
+        shape=[gl.maximum(seqlen_q, 1), HEAD_DIM],
+        strides=[stride_qt, 1],
+        block_shape=[BLOCK_M, HEAD_DIM],
+        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype),
+    )
+    k_desc = tma.make_tensor_descriptor(
+        k_ptr + k_start * stride_kt + kv_head * stride_kh,
+        shape=[gl.maximum(seqlen_k, 1), HEAD_DIM],
+        strides=[stride_kt, 1],
+        block_shape=[BLOCK_N, HEAD_DIM],
+        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype),
+    )
+    v_desc = tma.make_tensor_descriptor(
+        v_ptr + k_start * stride_vt + kv_head * stride_vh,
+        shape=[gl.maximum(seqlen_k, 1), HEAD_DIM_V],
+        strides=[stride_vt, 1],
+        block_shape=[BLOCK_N, HEAD_DIM_V],
+        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM_V], dtype),
+    )
+    mbarrier.expect(q_full, q_desc.block_type.nbytes)
+    tma_load(q_desc, [m_block * BLOCK_M, 0], q_full, q_buf)
+    for kn in range(a, end, BLOCK_N):
+        s = it % STAGES
+        mbarrier.wait(kv_empty.index(s), ((it // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
+        tma_load(k_desc, [kn, 0], k_full.index(s), k_smem.index(s))
+        mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
+        tma_load(v_desc, [kn, 0], v_full.index(s), v_smem.index(s))
+        it += 1
+    return it
+
+
+@gluon.jit
+def _producer(
+    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
+    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+    rows_q, rows_k, window_left, window_right,
+    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+):  # fmt: skip
+    """The copies of this program's work items, in the order the consumer reads them. Q and the
+    descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
+    consumer to release that buffer's Q, which it does once it has read every tile of that item."""
+    it = 0
+    t = 0
+    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+        head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _work_item(
+            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
+        )  # fmt: skip
+        a, _, _, end = _tile_span(
+            m_block, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
+        )
+        qi = t & 1
+        mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
+        if qi == 0:  # two call sites: two descriptor sets in the global scratch
+            it = _load_item(
+                q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                head, head // GROUP, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
+                q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_full, v_full, kv_empty, it,
+                HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+            )  # fmt: skip
+        else:
+            it = _load_item(
+                q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                head, head // GROUP, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
+                q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_full, v_full, kv_empty, it,
+                HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+            )  # fmt: skip
+        t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
+
+
+# ----------------------------------------------------------------------------- consumer
+
+
+@gluon.jit
+def _softmax_step(
+    s,
+    m_i,
+    l_i,
+    kn,
+    rows,
+    seqlen_k,
+    d_lo,
+    d_hi,
+    b_full,
+    c_full,
+    sm_scale,
+    softcap,
+    BLOCK_N: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+    SOFTCAP: gl.constexpr,
+    FOLD_SCALE: gl.constexpr,
+):
+    """Fold one tile of raw scores into the running ``(m_i, l_i)`` (log2 domain); returns the
+    probabilities ``p`` (fp32), the new ``m_i``, ``l_i`` and the factor ``alpha`` of the old sums."""
+    if FOLD_SCALE:
+        scale = sm_scale * LOG2E
+    else:
+        if SOFTCAP:
+            x = s * (sm_scale / softcap)
+            s = (1.0 - 2.0 / (gl.exp2(x * (2.0 * LOG2E)) + 1.0)) * (softcap * LOG2E)
+        else:
+            s = s * (sm_scale * LOG2E)
+        scale = 1.0
+    if (kn < b_full) | (kn + BLOCK_N > c_full):  # a band edge or the sequence's end crosses the tile
+        cols = kn + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+        c2 = gl.expand_dims(cols, 0)
+        r2 = gl.expand_dims(rows, 1)
+        seen = c2 < seqlen_k
+        if HAS_LEFT:
+            seen = seen & (c2 - r2 >= d_lo)
+        if HAS_RIGHT:
+            seen = seen & (c2 - r2 <= d_hi)
+        s = gl.where(seen, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * scale)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(s * scale - gl.expand_dims(m_safe, 1))
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _release(bar):
+    """Arrive on ``bar`` once every warp of this partition got here (the arrive is one thread's)."""
+    cta_barrier()
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, k):
+    """Ping-pong of two consumer warpgroups: wait until the other one issued its matrix products
+    (the ``k``-th turn of warpgroup ``WG``; warpgroup 0 goes first), so one group's softmax runs
+    while the other's products occupy the tensor cores. Returns the next turn's ``k``."""
+    if NUM_WG == 2:
+        mbarrier.wait(turns.index(WG), (k & 1) ^ (1 - WG))
+    return k + 1
+
+
+@gluon.jit
+def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
+    if NUM_WG == 2:
+        mbarrier.arrive(turns.index(1 - WG))
+
+
+@gluon.jit
+def _consumer(
+    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
+    stride_ot, stride_oh, stride_lse_h,
+    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+    rows_q, rows_k, window_left, window_right, sm_scale, softcap,
+    HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+    FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
+    WG: gl.constexpr, NUM_WG: gl.constexpr,
+):  # fmt: skip
+    """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
+    BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
+    span), release each stage once (``kv_empty`` counts two arrivals) and take turns issuing."""
+    ROWS: gl.constexpr = BLOCK_M // NUM_WG
+    W: gl.constexpr = gl.num_warps()
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, HEAD_DIM_V, 16]
+    )
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = q_smem.dtype
+    zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    it = 0
+    t = 0
+    k = 0
+    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+        head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi = _work_item(
+            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
+        )  # fmt: skip
+        a, b_full, c_full, end = _tile_span(
+            m_block, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
+        )
+        out_base = out_ptr + head * stride_oh + q_start * stride_ot
+        lse_base = lse_ptr + head * stride_lse_h + q_start
+        rows = m_block * BLOCK_M + WG * ROWS + gl.arange(0, ROWS, layout=row_s)
+        rows_o = m_block * BLOCK_M + WG * ROWS + gl.arange(0, ROWS, layout=row_o)
+        cols_o = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
+        out_ptrs = out_base + gl.expand_dims(rows_o.to(gl.int64) * stride_ot, 1) + gl.expand_dims(cols_o, 0)
+        out_mask = gl.expand_dims(rows_o < seqlen_q, 1) & gl.expand_dims(cols_o < HEAD_DIM_V, 0)
+        if ACCUMULATE:
+            # Resume from a normalised partial (out, lse): m = lse (log2 domain), l = 1, acc = out;
+            # a row with lse = -inf has seen no key yet (l = 0, out is 0 there).
+            lse_prev = gl.load(lse_base + rows, mask=rows < seqlen_q, other=float("-inf"))
+            m_i = lse_prev * LOG2E
+            l_i = gl.where(lse_prev == float("-inf"), 0.0, 1.0)
+            acc = gl.load(out_ptrs, mask=out_mask, other=0.0).to(gl.float32)
+        else:
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
+            l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
+            acc = gl.zeros([ROWS, HEAD_DIM_V], gl.float32, layout=o_layout)
+        qi = t & 1
+        q_buf = q_smem.index(qi)
+        if NUM_WG == 2:
+            q_buf = q_buf.slice(WG * ROWS, ROWS, dim=0)
+        mbarrier.wait(q_bars.index(qi), (t >> 1) & 1)
+        num_tiles = gl.cdiv(end - a, BLOCK_N)
+        if num_tiles > 0:
+            s_idx = it % STAGES
+            phase = (it // STAGES) & 1
+            mbarrier.wait(k_full.index(s_idx), phase)
+            s = warpgroup_mma(
+                q_buf, k_smem.index(s_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
+            )
+            s = warpgroup_mma_wait(0, deps=[s])
+            p, m_i, l_i, alpha = _softmax_step(
+                s, m_i, l_i, a, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
+                BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE,
+            )  # fmt: skip
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            for j in range(1, num_tiles):
+                kn = a + j * BLOCK_N
+                n_idx = (it + 1) % STAGES
+                n_phase = ((it + 1) // STAGES) & 1
+                mbarrier.wait(k_full.index(n_idx), n_phase)
+                mbarrier.wait(v_full.index(s_idx), phase)
+                k = _turn(turns, WG, NUM_WG, k)
+                s = warpgroup_mma(
+                    q_buf, k_smem.index(n_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
+                )
+                acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
+                _pass_turn(turns, WG, NUM_WG)
+                s = warpgroup_mma_wait(1, deps=[s])  # this tile's scores; P V still in flight
+                p, m_i, l_i, alpha = _softmax_step(
+                    s, m_i, l_i, kn, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
+                    BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE,
+                )  # fmt: skip
+                acc = warpgroup_mma_wait(0, deps=[acc])
+                _release(kv_empty.index(s_idx))
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                it += 1
+                s_idx = n_idx
+                phase = n_phase
+            mbarrier.wait(v_full.index(s_idx), phase)
+            k = _turn(turns, WG, NUM_WG, k)
+            acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
+            _pass_turn(turns, WG, NUM_WG)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            _release(kv_empty.index(s_idx))
+            it += 1
+        _release(q_bars.index(2 + qi))
+        t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
+        if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
+            sink = gl.load(sinks_ptr + head).to(gl.float32) * LOG2E
+            m_new = gl.maximum(m_i, sink)
+            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no key and a -inf sink: adds 0
+            alpha = gl.exp2(m_i - m_ref)
+            l_i = l_i * alpha + gl.exp2(sink - m_ref)
+            m_i = m_new
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        has_keys = l_i != 0.0  # NaN rows stay NaN
+        l_safe = gl.where(has_keys, l_i, 1.0)
+        out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
+        lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        gl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+        gl.store(lse_base + rows, lse, mask=rows < seqlen_q)
+
+
+# ----------------------------------------------------------------------------- kernel
+
+
+@gluon.jit
+def attention_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, sinks_ptr,
+    cu_q_ptr, cu_k_ptr, cup_q_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, seq_ptr, blk_ptr, count_ptr,
+    num_seqs, num_heads, rows_q, rows_k,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lse_h,
+    sm_scale, softcap, window_left, window_right,
+    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, HAS_POSITIONS: gl.constexpr,
+    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
+    ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+):  # fmt: skip
+    """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
+    list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
+    if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
+        _fill_padding(
+            out_ptr, lse_ptr, stride_ot, stride_oh, stride_lse_h, cu_q_ptr, cup_q_ptr, num_seqs, num_heads,
+            rows_q, HEAD_DIM_V,
+        )  # fmt: skip
+    total = gl.load(count_ptr) * num_heads
+
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM_V], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM_V], v_layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # full 0, 1; empty 0, 1
+    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(q_bars.index(2 + i), count=NUM_WG)
+        mbarrier.init(turns.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_full.index(i), count=1)
+        mbarrier.init(v_full.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=NUM_WG)
+    fence_async_shared()
+
+    # The argument tuples are spelled out in each call: in Triton 3.6 a tuple bound to a name inside
+    # the kernel turns its constexprs into values ("Shape element 0 must have type constexpr[int]").
+    if NUM_WG == 2:  # two 4-warp consumer partitions taking turns, and the producer warp
+        gl.warp_specialize(
+            [
+                (_consumer, (
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
+                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
+                    0, 2,
+                )),
+                (_consumer, (
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
+                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
+                    1, 2,
+                )),
+                (_producer, (
+                    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
+                    num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+                    window_left, window_right, GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
+                )),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:  # one consumer partition of num_warps warps, and the producer warp
+        gl.warp_specialize(
+            [
+                (_consumer, (
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
+                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
+                    0, 1,
+                )),
+                (_producer, (
+                    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
+                    num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+                    window_left, window_right, GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
+                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
+                )),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )  # fmt: skip
