@@ -1,5 +1,6 @@
 # thd-kernels: every target runs one documented command; `make help` lists them.
 VENV        ?= .venv
+VENV36      ?= .venv-triton36
 PY          := $(VENV)/bin/python
 GPU_PY      ?= python3
 PYTEST_ARGS ?=
@@ -29,12 +30,19 @@ $(VENV)/.stamp-full: $(VENV)/.stamp-release pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
+# Triton 3.6 (what the GPU machine runs), no torch: the Gluon kernels' sm_90 compile tests use it.
+$(VENV36)/.stamp: Makefile
+	@echo "==> creating $(VENV36) with triton==3.6.0 (sm_90 compile checks of the Gluon kernels)"
+	python3 -m venv $(VENV36)
+	$(VENV36)/bin/python -m pip install -q --disable-pip-version-check --progress-bar off triton==3.6.0
+	touch $@
+
 setup-release: $(VENV)/.stamp-release ## light venv for the release tool (no torch)
 
-setup: $(VENV)/.stamp-full ## full venv: pinned CPU torch, triton (interpreter), test tools
+setup: $(VENV)/.stamp-full $(VENV36)/.stamp ## full venv: pinned CPU torch, triton (interpreter), test tools; triton 3.6 venv
 
-test: setup ## all CPU tests (Triton interpreter, gloo), as CI runs them
-	TRITON_INTERPRET=1 $(PY) -m pytest -q -n 2 -m "not gpu" $(PYTEST_ARGS) tests
+test: setup ## all CPU tests (Triton interpreter, gloo; Gluon compiled for sm_90 on triton 3.9 and 3.6), as CI runs them
+	TRITON_INTERPRET=1 THD_TRITON36_PYTHON=$(CURDIR)/$(VENV36)/bin/python $(PY) -m pytest -q -n 2 -m "not gpu" $(PYTEST_ARGS) tests
 
 test-gpu: ## GPU tests on a CUDA machine (machine's python3; FA4 oracle if on PYTHONPATH); then attention with THD_AUTOTUNE=1
 	THD_AUTOTUNE=0 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider --ignore=tests/release -k "not autotuned" $(PYTEST_ARGS) tests; default_tiles=$$?; \
