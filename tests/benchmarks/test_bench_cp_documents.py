@@ -33,7 +33,7 @@ class _CountingComm:
         """Nothing is outstanding."""
 
 
-@pytest.mark.parametrize("cp", [2, 3, 4])
+@pytest.mark.parametrize("cp", [2, 3])
 def test_ring_bytes_match_what_the_ring_sends(cp: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
@@ -66,7 +66,7 @@ def test_quick_run_writes_every_part(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     out = tmp_path / "docs.json"
     argv = ["--out", str(out), "--quick", "--device", "cpu", "--parts", "bytes", "planning", "balance",
-            "--cp", "2", "--mixes", "64-1024", "--modes", "fwd"]  # fmt: skip
+            "--cp", "2", "--tokens", "128", "--mixes", "64-1024", "--modes", "fwd"]  # fmt: skip
     assert bench_cp_documents.main(argv) == 0
     payload = json.loads(out.read_text())
     parts = {r["part"] for r in payload["records"]}

@@ -232,8 +232,8 @@ def worker(
                 dist.all_gather(shards, out.contiguous())
                 plan = plan_documents(batch.lengths, world, ring_threshold=batch.ring_threshold)
                 full = unpartition_documents(shards, plan, num_rows=batch.rows, offsets=batch.offsets)
-                (q, k, v, do), _ = make_inputs(batch, heads, seed + i, "cpu", torch.float32)
-                want = oracle(batch, (q, k, v), do, None, VARIANTS[j])[0]
+                (q, k, v, do), sinks = make_inputs(batch, heads, seed + i, "cpu", torch.float32)
+                want = oracle(batch, (q, k, v), do, sinks if VARIANTS[j][3] else None, VARIANTS[j])[0]
                 real = batch.real()
                 assert_close(
                     full[real], want[real], f"{batch.name} unpartitioned out", **tolerance(torch.float32)

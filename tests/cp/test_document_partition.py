@@ -80,3 +80,39 @@ def test_errors() -> None:
         document_attention(q, q, q, layout)
     with pytest.raises(ThdTypeError, match="layout"):
         document_attention(q, q, q, plan)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_partition_and_local_attention_under_cuda_graph_gpu() -> None:
+    """A fixed buffer (``capacity``): the gather and the local attention are captured once and
+    replayed for another batch's plan by copying its index and cu_seqlens into the captured ones."""
+    import thd
+
+    first, second = [700, 300, 24, 1000], [1000, 999, 25, 24]  # same document count, longest 1000
+    plans = [plan_documents(lengths, 1, capacity=2048) for lengths in (first, second)]
+    layouts = [document_layout(p, 0, device="cuda") for p in plans]
+    x = torch.randn(2048, 4, 64, device="cuda", dtype=torch.bfloat16)
+    static = layouts[0]
+
+    def step() -> torch.Tensor:
+        q = partition_documents(x, static)
+        return document_attention(q, q, q, static, causal=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up (compiles) outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for layout in layouts:
+        static.index.copy_(layout.index)
+        static.valid.copy_(layout.valid)
+        static.local_cu_seqlens.copy_(layout.local_cu_seqlens)
+        graph.replay()
+        q = partition_documents(x, layout)
+        cu = layout.local_cu_seqlens
+        want = thd.attention(q, q, q, cu, cu, max_seqlen_q=1000, max_seqlen_kv=1000, causal=True)
+        assert torch.equal(out, want), "the replay differs from the eager call on the same plan"

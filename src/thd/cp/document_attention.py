@@ -83,8 +83,8 @@ def document_attention(
     Args:
         q, k, v: ``[rows, Hq, D]``, ``[rows, Hkv, D]``, ``[rows, Hkv, Dv]`` (GQA: ``Hq % Hkv == 0``).
         layout: this rank's :class:`DocumentLayout` (``thd.cp.document_layout``).
-        group: the CP process group (its size must be ``layout.cp_size``); used only when the
-            plan has ring documents.
+        group: the CP process group (default: the world group; its size must be
+            ``layout.cp_size``); used only when the plan has ring documents.
         causal, softmax_scale, window_size, softcap, sinks: as for :func:`thd.attention` (windows
             are over each whole document). ``sinks``' gradient on each rank is its part: sum it
             over the group as for :func:`thd.cp.ring_attention`.
@@ -107,7 +107,12 @@ def document_attention(
                 f"{fn}: {name} shape: expected [{layout.rows}, heads, head_dim] (layout.rows), "
                 f"got {list(t.shape)}"
             )
-    if layout.has_ring and group is not None and dist.get_world_size(group) != layout.cp_size:
+    if (
+        layout.has_ring
+        and dist.is_available()
+        and dist.is_initialized()
+        and dist.get_world_size(group) != layout.cp_size
+    ):
         raise ThdValueError(
             f"{fn}: group: expected {layout.cp_size} ranks (the plan's cp_size), "
             f"got {dist.get_world_size(group)}"
@@ -141,6 +146,6 @@ def document_attention(
         parts.append(local_out)
     elif layout.rows > split:
         parts.append(q.new_zeros(layout.rows - split, q.shape[1], v.shape[2]))
-    if not parts:
-        return q.new_zeros(0, q.shape[1], v.shape[2]) + 0 * q.sum()
+    if not parts:  # an empty buffer
+        return q.new_zeros(0, q.shape[1], v.shape[2])
     return parts[0] if len(parts) == 1 else torch.cat(parts)

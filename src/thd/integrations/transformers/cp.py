@@ -26,13 +26,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from thd.errors import ThdDistributedError, ThdValueError
+
+if TYPE_CHECKING:
+    from thd.cp import DocumentLayout, DocumentPlan
 
 __all__ = ["LAYOUT_KWARG", "MODES", "CPLayout", "DocumentCPLayout", "shard_batch"]
 
@@ -65,8 +68,8 @@ class DocumentCPLayout:
     """The document-aware layout of a sharded batch: the plan (identical on every rank), this
     rank's :class:`thd.cp.DocumentLayout`, and the global count of real label tokens."""
 
-    plan: Any
-    layout: Any
+    plan: DocumentPlan
+    layout: DocumentLayout
     cp_size: int
     cp_rank: int
     num_label_tokens: int
