@@ -265,6 +265,9 @@ def test_varlen_without_bounds_derives_them_and_validates() -> None:
             id="alibi",
         ),
         pytest.param(
+            (torch.randn(2, 4, 2, 260),) * 3, {}, ThdValueError, r"head_dim: .*got 260", id="headdim-260"
+        ),
+        pytest.param(
             (torch.randn(2, 4, 3, 8), torch.randn(2, 4, 2, 8), torch.randn(2, 4, 2, 8)),
             {},
             ThdValueError,
