@@ -195,7 +195,8 @@ def initial_check(
     ``PROBE_LOGITS`` logits at :func:`probe_positions`. Providers that compute the same
     document-causal attention agree on both; the loss alone barely moves at initialization (a
     model attending across documents changed it by 7e-4 in the quick configuration, its probe
-    logits by 0.4, while the providers' probes agree to 0.004). Also runs where a provider cannot train (flex_attention on a CPU)."""
+    logits by 0.4, while the providers' probes agree to 0.004). Also runs where a provider cannot
+    train (flex_attention on a CPU)."""
     with torch.no_grad():
         res = model(**batch, use_cache=False)
     rows, positions = probe_positions(form, lengths)
