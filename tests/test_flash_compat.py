@@ -56,7 +56,22 @@ VARIANTS = [
 ]
 
 
-@pytest.mark.parametrize(("fa_kwargs", "thd_kwargs"), VARIANTS)
+def _with_backends(cases: list[Any], on_triton: set[str]) -> list[Any]:
+    """Every case on the reference, the ``on_triton`` ones through the interpreter too (the wrapper
+    does not depend on the backend, and the interpreter is slow)."""
+    return [
+        pytest.param(backend, *case.values, id=f"{backend}-{case.id}")
+        for backend in ("reference", "triton")
+        for case in cases
+        if backend == "reference" or case.id in on_triton
+    ]
+
+
+@pytest.mark.parametrize(
+    ("backend", "fa_kwargs", "thd_kwargs"),
+    _with_backends(VARIANTS, {"causal-window", "softcap"}),
+    indirect=["backend"],
+)
 def test_varlen_equals_thd_attention(
     backend: str, fa_kwargs: dict[str, Any], thd_kwargs: dict[str, Any]
 ) -> None:
@@ -102,16 +117,19 @@ def sdpa_dense(
     return out.transpose(1, 2)
 
 
+DENSE = [
+    pytest.param(False, (-1, -1), 16, id="plain"),
+    pytest.param(True, (-1, -1), 16, id="causal"),
+    pytest.param(True, (3, -1), 16, id="causal-window"),
+    pytest.param(False, (2, 2), 16, id="window"),
+    pytest.param(True, (-1, -1), 20, id="causal-headdim20"),
+]
+
+
 @pytest.mark.parametrize(
-    ("causal", "window", "dim"),
-    [
-        (False, (-1, -1), 16),
-        (True, (-1, -1), 16),
-        (True, (3, -1), 16),
-        (False, (2, 2), 16),
-        (True, (-1, -1), 20),
-    ],
-    ids=["plain", "causal", "causal-window", "window", "causal-headdim20"],
+    ("backend", "causal", "window", "dim"),
+    _with_backends(DENSE, {"window", "causal-headdim20"}),
+    indirect=["backend"],
 )
 def test_dense_matches_sdpa(backend: str, causal: bool, window: tuple[int, int], dim: int) -> None:
     """``flash_attn_func`` on [B, S, H, D] (Sq = 5 < Sk = 7, GQA), head dim 20 zero-padded to 24 with
@@ -263,6 +281,9 @@ def test_varlen_without_bounds_derives_them_and_validates() -> None:
             ThdValueError,
             r"flash_attn_func: alibi_slopes",
             id="alibi",
+        ),
+        pytest.param(
+            (torch.randn(2, 4, 2, 260),) * 3, {}, ThdValueError, r"head_dim: .*got 260", id="headdim-260"
         ),
         pytest.param(
             (torch.randn(2, 4, 3, 8), torch.randn(2, 4, 2, 8), torch.randn(2, 4, 2, 8)),

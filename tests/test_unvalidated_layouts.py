@@ -83,6 +83,25 @@ def test_reference_low_level_forward_clamps_too(monkeypatch: pytest.MonkeyPatch)
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("contiguous", [True, False], ids=["kernel", "masked"])  # kernel: interpreter
+@pytest.mark.parametrize("name", list(CASES))
+def test_padding_ops_on_invalid_layouts_zero_whole_rows_and_nothing_else(name: str, contiguous: bool) -> None:
+    """``thd.padding`` never validates values: garbage rows, never an exception or a write outside
+    ``x`` (canary rows around it; the strided view's other column)."""
+    cu, cup, *_ = CASES[name]
+    buf = torch.arange(1.0, 1 + (ROWS + 2) * 2 * 2).view(ROWS + 2, 2, 2)  # no zeros: a zero was written
+    x = buf[1:-1, 0] if contiguous else buf[1:-1, :, 0]  # [ROWS, 2]: contiguous rows, or strided
+    before, outside = buf.clone(), torch.ones_like(buf, dtype=torch.bool)
+    (outside[1:-1, 0] if contiguous else outside[1:-1, :, 0]).fill_(False)
+    thd.padding.zero_padding_(x, _i32(cu), _i32(cup))
+    assert torch.equal(buf[outside], before[outside]), "a write outside x"
+    zeroed = (x == 0).all(1)
+    x_before = before[1:-1, 0] if contiguous else before[1:-1, :, 0]
+    assert torch.equal(x[~zeroed], x_before[~zeroed]), "a row was changed without being zeroed"
+    rows = thd.padding.valid_rows(_i32(cu), _i32(cup), ROWS)
+    assert rows.dtype == torch.bool and rows.shape == (ROWS,)
+
+
 # ----------------------------------------------------------------------------- low-level backward
 
 

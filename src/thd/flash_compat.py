@@ -27,6 +27,7 @@ from torch import Tensor
 
 from thd.errors import ThdError, ThdTypeError, ThdValueError
 from thd.layout import INT32_MAX
+from thd.ops.attention.checks import MAX_HEAD_DIM
 from thd.ops.attention.interface import attention
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
@@ -99,7 +100,12 @@ def _varlen(
     head_dim, value_dim = _last_dim(q), _last_dim(v)
     if softmax_scale is None and head_dim:
         softmax_scale = head_dim**-0.5  # of the unpadded head dim, as in FlashAttention
-    padded = head_dim is not None and value_dim is not None and bool(head_dim % 8 or value_dim % 8)
+    padded = (
+        head_dim is not None
+        and value_dim is not None
+        and bool(head_dim % 8 or value_dim % 8)
+        and max(head_dim, value_dim) <= MAX_HEAD_DIM  # else thd's error names the dim as given
+    )
     if padded:
         q, k, v = _pad_last(q), _pad_last(k), _pad_last(v)
     try:

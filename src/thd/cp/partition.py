@@ -17,8 +17,9 @@ and under the same switches: skipped during CUDA-graph capture, on meta tensors 
 ``THD_VALIDATE=0``; with ``THD_VALIDATE=device`` CUDA slots get an asynchronous device
 assertion instead (:func:`thd.layout.set_device_validation`). Unchecked, an invalid layout
 gives garbage rows but never reads outside the buffer, and :func:`unpartition` never returns
-uninitialised memory. The per-rank counts (:func:`rank_cu_seqlens`,
-:func:`all_rank_cu_seqlens`) are pure device-side index math from
+uninitialised memory. Meta slots work with meta rows only (shapes); with real rows they are a
+:class:`~thd.errors.ThdValueError` (they hold no offsets to index with). The per-rank counts
+(:func:`rank_cu_seqlens`, :func:`all_rank_cu_seqlens`) are pure device-side index math from
 :mod:`thd._cp_index`, re-exported here.
 """
 
