@@ -24,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thd
 import thd._capture
-import thd._triton
+import thd._runtime.config
 from tests._helpers import (
     Layout,
     assert_close,
@@ -89,7 +89,7 @@ def _run(backend: str, q: Tensor, k: Tensor, v: Tensor, causal: bool, grad: bool
 @pytest.fixture(params=["reference", "triton"])
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """``thd.attention`` forced onto the torch reference or the Triton kernels (interpreter on CPU)."""
-    if request.param == "triton" and not thd._triton.interpreting():
+    if request.param == "triton" and not thd._runtime.config.interpreting():
         pytest.skip("Triton on CPU needs TRITON_INTERPRET=1")
     monkeypatch.setenv("THD_ATTENTION_BACKEND", request.param)
     return request.param

@@ -51,6 +51,7 @@ def __getattr__(name: str) -> object:
     if name == "attention":
         from thd.ops.attention.interface import attention
 
+        globals()["attention"] = attention  # later lookups skip this hook (host time per call)
         return attention
     if name in _SUBMODULES:
         import importlib

@@ -16,7 +16,6 @@ CUDA-graph capture and when switched off with :func:`set_validation` or ``THD_VA
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -25,6 +24,7 @@ import torch
 from torch import Tensor
 
 from thd import _capture
+from thd._runtime.config import validation_default
 from thd.errors import ThdTypeError, ThdValueError
 
 __all__ = [
@@ -39,9 +39,7 @@ __all__ = [
     "values_readable",
 ]
 
-_ENV_VALIDATE = os.environ.get("THD_VALIDATE", "1").strip().lower()
-_VALIDATION_ENABLED: bool = _ENV_VALIDATE not in ("0", "false", "off")
-_DEVICE_VALIDATION: bool = _ENV_VALIDATE == "device"
+_VALIDATION_ENABLED, _DEVICE_VALIDATION = validation_default()  # THD_VALIDATE
 
 
 def set_validation(enabled: bool) -> bool:

@@ -57,6 +57,10 @@ def _window(fn: str, window_size: object, causal: bool) -> tuple[int, int]:
     return left, right
 
 
+_COMMON_OPTIONS: dict[tuple, AttentionOptions] = {}
+"""Options of the common call by their arguments: one shared (immutable) object per distinct call."""
+
+
 def resolve_options(
     fn: str,
     q: Tensor,
@@ -82,9 +86,21 @@ def resolve_options(
             and 0 <= softcap <= MAX_FLOAT32
             and not (causal and right > 0)
         ):
-            scale = q.shape[-1] ** -0.5 if scale is None else scale
-            window = (left, right)
-            return AttentionOptions(float(scale), bool(causal), window, float(softcap), bool(deterministic))
+            key = (scale, q.shape[-1], bool(causal), left, right, softcap, bool(deterministic))
+            options = _COMMON_OPTIONS.get(key)
+            if options is None:
+                if len(_COMMON_OPTIONS) >= 1024:
+                    _COMMON_OPTIONS.clear()
+                options = AttentionOptions(
+                    softmax_scale=float(key[1] ** -0.5 if scale is None else scale),
+                    causal=key[2],
+                    window_size=(left, right),
+                    softcap=float(softcap),
+                    deterministic=key[6],
+                )
+                if scale != 0.0:  # 0.0 and -0.0 are one key but not one scale: never shared
+                    _COMMON_OPTIONS[key] = options
+            return options
     if not isinstance(q, Tensor):
         raise ThdTypeError(f"{fn}: q: expected a torch.Tensor, got {type(q).__name__}")
     scale = check_softmax_scale(fn, softmax_scale)
@@ -93,7 +109,11 @@ def resolve_options(
     if not 0 <= cap <= MAX_FLOAT32:
         raise ThdValueError(f"{fn}: softcap: expected 0 (off) to {MAX_FLOAT32:.4g} (float32), got {cap}")
     return AttentionOptions(
-        float(scale), bool(causal), _window(fn, window_size, bool(causal)), cap, bool(deterministic)
+        softmax_scale=float(scale),
+        causal=bool(causal),
+        window_size=_window(fn, window_size, bool(causal)),
+        softcap=cap,
+        deterministic=bool(deterministic),
     )
 
 
