@@ -448,13 +448,21 @@ def _stub_ring(counts: _Counts) -> None:
         counts.add("exchanges")
         return Pending()
 
-    if hasattr(ring, "_ATTENTION"):
-        ring._ATTENTION.update(_forward=forward, _backward=backward, _use_triton=lambda x: True)
-    else:  # older ring: through the public low-level entry points
-        import thd.ops.attention as attention
+    from types import SimpleNamespace
 
-        attention.attention_forward = lambda *a, sinks=None, accumulate=None: forward(*a, sinks, accumulate)
-        attention.attention_backward = lambda *a, sinks=None: backward(*a, sinks)
+    from thd.ops.attention.dispatch import FAMILIES
+
+    def stub_backward(do, q, k, v, out, lse, layout, options, sinks=None, accumulate=None):  # type: ignore[no-untyped-def]
+        grads = backward(do, q, k, v, out, lse, layout, options, sinks)
+        return grads if accumulate is None else (*accumulate, grads[3])
+
+    yes = lambda *args: True
+    stub = SimpleNamespace(
+        forward=forward, backward=stub_backward, supports_forward=yes, supports_backward=yes
+    )
+    FAMILIES.register("tl", stub)  # the ring's attention calls reach the stubs as the tl family
+    os.environ["THD_ATTENTION_BACKEND"] = "triton"
+    os.environ["THD_KERNELS"] = "tl"
     thd.ops.ring_plan.ring_plan_tables = tables
     thd.padding.zero_padding_ = zero_padding_
     RingComm.start = start  # type: ignore[method-assign]

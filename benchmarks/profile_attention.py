@@ -16,7 +16,7 @@ import torch
 
 from benchmarks.tune_attention import _layout
 from thd.ops.attention import launch
-from thd.ops.attention.params import AttentionOptions
+from thd.ops.attention.params import AttentionOptions, BackwardCall, ForwardCall, SavedForBackward
 
 
 def main() -> None:
@@ -32,12 +32,12 @@ def main() -> None:
     )
     options = AttentionOptions(args.head_dim**-0.5, causal=True, deterministic=True)
     for _ in range(3):
-        out, lse = launch.forward(q, k, v, layout, options)
-        launch.backward(do, q, k, v, out, lse, layout, options)
+        out, lse = launch.forward(ForwardCall(q, k, v, layout, options))
+        launch.backward(BackwardCall(do, SavedForBackward(q, k, v, out, lse), layout, options))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    out, lse = launch.forward(q, k, v, layout, options)
-    launch.backward(do, q, k, v, out, lse, layout, options)
+    out, lse = launch.forward(ForwardCall(q, k, v, layout, options))
+    launch.backward(BackwardCall(do, SavedForBackward(q, k, v, out, lse), layout, options))
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 

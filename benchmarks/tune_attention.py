@@ -1,5 +1,5 @@
 """Tile sweep for the attention kernels: times every tile of :data:`SWEEP` per kernel on packed
-causal documents, and prints the table ``launch.TILES`` should hold.
+causal documents, and prints the table ``thd._runtime.tiles.TILES`` should hold.
 
 Each kernel's tile is swept alone (forward; the backward with that dK/dV or dQ tile), calls back
 to back between one pair of CUDA events, median of 3. Every tile's results are compared with
@@ -23,16 +23,23 @@ from pathlib import Path
 import torch
 
 from benchmarks._common import command_line, env_fingerprint
+from thd._runtime import tiles as tile_policy
 from thd.ops.attention import launch
-from thd.ops.attention.params import AttentionOptions, VarlenLayout
+from thd.ops.attention.params import (
+    AttentionOptions,
+    BackwardCall,
+    ForwardCall,
+    SavedForBackward,
+    VarlenLayout,
+)
 
 MIXES = [(16384, 64, 1024), (16384, 256, 4096), (32768, 512, 8192)]
-T = launch.Tile
+T = tile_policy.Tile
 # Swept tiles per kernel: the table's tiles and their neighbours, pointer loads (cp.async) and
 # tensor-descriptor (TMA) loads. Dropped after the 2011187 sweep (committed there): tiles that were
 # never within 10% of the best on any mix, and the warp-specialized tile (slower on every mix; the
 # Triton 3.9 compiler emits no warp_specialize op for these kernels on sm_90).
-SWEEP: dict[str, list[launch.Tile]] = {
+SWEEP: dict[str, list[tile_policy.Tile]] = {
     "fwd": [
         T(64, 64, 4, 3),
         T(64, 64, 4, 3, tma=True),
@@ -119,16 +126,16 @@ def _max_error(got: object, want: object) -> float:
     return worst
 
 
-def _with_tile(kernel: str, key: tuple[int, bool], tile: launch.Tile, fn, want):  # type: ignore[no-untyped-def]
-    old = launch.TILES[(kernel, *key)]
-    launch.TILES[(kernel, *key)] = tile
+def _with_tile(kernel: str, key: tuple[int, bool], tile: tile_policy.Tile, fn, want):  # type: ignore[no-untyped-def]
+    old = tile_policy.TILES[(kernel, *key)]
+    tile_policy.TILES[(kernel, *key)] = tile
     try:
         error = _max_error(fn(), want)
         return {"ms": _time_ms(fn), "max_rel_error": error, "correct": error <= _TOLERANCE}
     except Exception as exc:  # a tile that does not compile or fit is recorded, not fatal
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     finally:
-        launch.TILES[(kernel, *key)] = old
+        tile_policy.TILES[(kernel, *key)] = old
 
 
 # bf16 outputs and gradients: tiles differ in summation order only.
@@ -148,12 +155,12 @@ def _sweep_kernel(kernel: str, key: tuple[int, bool], fn, flops: float, want) ->
 
 def _with_dq_mode(mode: int, fn):  # type: ignore[no-untyped-def]
     def call() -> object:
-        old = launch.FAST_DQ_MODE
-        launch.FAST_DQ_MODE = mode
+        old = tile_policy.FAST_DQ_MODE
+        tile_policy.FAST_DQ_MODE = mode
         try:
             return fn()
         finally:
-            launch.FAST_DQ_MODE = old
+            tile_policy.FAST_DQ_MODE = old
 
     return call
 
@@ -164,14 +171,15 @@ def _mix(tokens: int, lo: int, hi: int, head_dim: int, heads: int, pad_to: int, 
     opts = AttentionOptions(head_dim**-0.5, causal=True)
     det = AttentionOptions(head_dim**-0.5, causal=True, deterministic=True)
     flops_fwd = 2 * heads * 2 * head_dim * sq / 2
-    key = (max(64, head_dim), hi > launch.LONG_SEQUENCES)
-    out, lse = launch.forward(q, k, v, layout, opts)
-    calls = {"fwd": (lambda: launch.forward(q, k, v, layout, opts), flops_fwd)}
+    key = (max(64, head_dim), hi > tile_policy.LONG_SEQUENCES)
+    out, lse = launch.forward(ForwardCall(q, k, v, layout, opts))
+    calls = {"fwd": (lambda: launch.forward(ForwardCall(q, k, v, layout, opts)), flops_fwd)}
+    saved = SavedForBackward(q, k, v, out, lse)
     for mode in modes:
         options = det if mode == 0 else opts
-        bwd = _with_dq_mode(mode, lambda o=options: launch.backward(do, q, k, v, out, lse, layout, o))
+        bwd = _with_dq_mode(mode, lambda o=options: launch.backward(BackwardCall(do, saved, layout, o)))
         calls[f"dkdv-mode{mode}"] = (bwd, 2.5 * flops_fwd)
-    calls["dq"] = (lambda: launch.backward(do, q, k, v, out, lse, layout, det), 2.5 * flops_fwd)
+    calls["dq"] = (lambda: launch.backward(BackwardCall(do, saved, layout, det)), 2.5 * flops_fwd)
     # The oracle for every tile: the results of the table's tiles before the sweep.
     wanted = {
         name: tuple(t.clone() if t is not None else None for t in fn()) for name, (fn, _) in calls.items()
@@ -183,13 +191,15 @@ def _mix(tokens: int, lo: int, hi: int, head_dim: int, heads: int, pad_to: int, 
     return {"tokens": tokens, "docs": f"{lo}-{hi}", "head_dim": head_dim, "pad_to": pad_to, "tiles": tiles}
 
 
-def _tile_named(name: str) -> launch.Tile:
-    """The tile whose :attr:`launch.Tile.name` is ``name`` (e.g. ``64x128w4s3-tma``)."""
+def _tile_named(name: str) -> tile_policy.Tile:
+    """The tile whose :attr:`tile_policy.Tile.name` is ``name`` (e.g. ``64x128w4s3-tma``)."""
     match = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)(-tma)?(-ws)?", name)
     if match is None:
         raise ValueError(f"not a tile name: {name!r}")
     block_m, block_n, warps, stages = (int(x) for x in match.groups()[:4])
-    return launch.Tile(block_m, block_n, warps, stages, tma=bool(match[5]), warp_specialize=bool(match[6]))
+    return tile_policy.Tile(
+        block_m, block_n, warps, stages, tma=bool(match[5]), warp_specialize=bool(match[6])
+    )
 
 
 def best_tiles(sweeps: list[dict]) -> tuple[dict[str, list[int]], int]:
@@ -198,7 +208,7 @@ def best_tiles(sweeps: list[dict]) -> tuple[dict[str, list[int]], int]:
     give the fastest backward overall."""
     totals: dict[tuple[str, str], dict[str, float]] = {}
     for rec in sweeps:
-        length = "long" if int(rec["docs"].split("-")[1]) > launch.LONG_SEQUENCES else "short"
+        length = "long" if int(rec["docs"].split("-")[1]) > tile_policy.LONG_SEQUENCES else "short"
         group = f"{max(64, rec['head_dim'])},{length}"
         for kernel, results in rec["tiles"].items():
             for name, res in results.items():
@@ -219,7 +229,7 @@ def best_tiles(sweeps: list[dict]) -> tuple[dict[str, list[int]], int]:
             continue
         kind = kernel.split("-")[0]
         tile = _tile_named(name)
-        tiles[f"{kind},{group}"] = launch._tile_entry(tile)
+        tiles[f"{kind},{group}"] = tile_policy.tile_entry(tile)
     return tiles, mode
 
 

@@ -44,9 +44,9 @@ def no_host_reads(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(params=["reference", "triton"])
 def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """``thd.attention`` forced onto the torch reference or the Triton kernels (interpreter on CPU)."""
-    import thd._triton
+    import thd._runtime.config
 
-    if request.param == "triton" and not thd._triton.interpreting():  # CPU tensors: interpreter only
+    if request.param == "triton" and not thd._runtime.config.interpreting():  # CPU tensors: interpreter only
         pytest.skip("Triton on CPU needs TRITON_INTERPRET=1")
     monkeypatch.setenv("THD_ATTENTION_BACKEND", request.param)
     return request.param

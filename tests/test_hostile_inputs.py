@@ -24,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thd
 import thd._capture
-import thd._triton
+import thd._runtime.config
 from tests._helpers import (
     Layout,
     assert_close,

@@ -54,6 +54,7 @@ def __getattr__(name: str) -> object:
     if name == "attention":
         from thd.ops.attention.interface import attention
 
+        globals()["attention"] = attention  # later lookups skip this hook (host time per call)
         return attention
     if name in ("flash_attn_func", "flash_attn_varlen_func"):  # FlashAttention 2 drop-ins
         from thd import flash_compat

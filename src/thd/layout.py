@@ -17,7 +17,6 @@ CUDA-graph capture and when switched off with :func:`set_validation` or ``THD_VA
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -26,6 +25,7 @@ import torch
 from torch import Tensor
 
 from thd import _capture
+from thd._runtime.config import validation_default
 from thd.errors import ThdTypeError, ThdValueError
 
 __all__ = [
@@ -45,9 +45,7 @@ __all__ = [
 _NAMES = ("cu_seqlens", "cu_seqlens_padded")
 INT32_MAX = 2**31 - 1
 """Largest offset a layout holds: ``cu_seqlens`` and ``cu_seqlens_padded`` are int32."""
-_ENV_VALIDATE = os.environ.get("THD_VALIDATE", "1").strip().lower()
-_VALIDATION_ENABLED: bool = _ENV_VALIDATE not in ("0", "false", "off")
-_DEVICE_VALIDATION: bool = _ENV_VALIDATE == "device"
+_VALIDATION_ENABLED, _DEVICE_VALIDATION = validation_default()  # THD_VALIDATE
 
 
 def set_validation(enabled: bool) -> bool:

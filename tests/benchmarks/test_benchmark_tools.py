@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import tune_attention
-from thd.ops.attention import launch
+from thd._runtime import tiles as tile_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "benchmarks" / "results" / "attention-tiles.json"
@@ -19,7 +19,7 @@ SWEEP = ROOT / "benchmarks" / "results" / "attention-tiles.json"
 
 def test_tile_names_round_trip() -> None:
     tiles = [t for tiles in tune_attention.SWEEP.values() for t in tiles]
-    tiles.append(launch.Tile(128, 64, 8, 3, tma=True, warp_specialize=True))
+    tiles.append(tile_policy.Tile(128, 64, 8, 3, tma=True, warp_specialize=True))
     for tile in tiles:
         assert tune_attention._tile_named(tile.name) == tile
     for bad in ("64x64", "64x64w4s3-ws-tma", "64x64w4s3 ", "axbw4s3"):
@@ -50,12 +50,12 @@ def test_best_tiles_least_total_time_over_correct_tiles() -> None:
     ]  # fmt: skip
     tiles, mode = tune_attention.best_tiles(sweeps)
     # a wrong tile is never chosen even when fastest; a failed one neither
-    assert tiles["fwd,128,short"] == launch._tile_entry(launch.Tile(64, 64, 4, 3))
-    assert tiles["fwd,128,long"] == launch._tile_entry(launch.Tile(64, 64, 4, 3, tma=True))
-    assert tiles["dq,128,short"] == launch._tile_entry(launch.Tile(128, 64, 8, 3))
+    assert tiles["fwd,128,short"] == tile_policy.tile_entry(tile_policy.Tile(64, 64, 4, 3))
+    assert tiles["fwd,128,long"] == tile_policy.tile_entry(tile_policy.Tile(64, 64, 4, 3, tma=True))
+    assert tiles["dq,128,short"] == tile_policy.tile_entry(tile_policy.Tile(128, 64, 8, 3))
     # mode 2 totals 1.5 + 4.5 = 6.0 against 2.0 + 4.0 for mode 0
     assert mode == 0
-    assert tiles["dkdv,128,long"] == launch._tile_entry(launch.Tile(32, 64, 4, 3))
+    assert tiles["dkdv,128,long"] == tile_policy.tile_entry(tile_policy.Tile(32, 64, 4, 3))
 
 
 def test_merge_of_per_head_dim_sweeps_gives_the_committed_table(

@@ -237,9 +237,9 @@ def _worker_triton_interpreter(rank: int, world: int) -> None:
     """The real ring (gloo) with attention through the Triton kernels in the interpreter: the
     in-kernel accumulation of the later steps, the per-step offsets and the grid bounds."""
     os.environ["TRITON_INTERPRET"] = "1"  # the spawn entry dropped it; Triton reads it at decoration
-    from thd.ops.attention import launch
+    from thd._runtime import tiles
 
-    assert launch._INTERPRET, "the Triton kernels were not decorated for the interpreter"
+    assert tiles.SETTINGS.interpret, "the Triton kernels were not decorated for the interpreter"
     os.environ["THD_ATTENTION_BACKEND"] = "triton"
     seed = 200
     for case in (cases(world)[3], cases(world)[2], Case("big-slot", (3, 2, 5), (4, 40, 8))):

@@ -457,9 +457,9 @@ def _worker_triton_interpreter(rank: int, world: int) -> None:
     """The real ring (gloo) through the Triton kernels in the interpreter: windowed launches that
     accumulate in place (positions, masks, the sink on one launch per query half)."""
     os.environ["TRITON_INTERPRET"] = "1"  # the spawn entry dropped it; Triton reads it at decoration
-    from thd.ops.attention import launch
+    from thd._runtime import tiles
 
-    assert launch._INTERPRET, "the Triton kernels were not decorated for the interpreter"
+    assert tiles.SETTINGS.interpret, "the Triton kernels were not decorated for the interpreter"
     os.environ["THD_ATTENTION_BACKEND"] = "triton"
     docs, long = cases(world)
     _check(docs, world, rank, (True, (3, 0), 2.0, True), torch.float32, 201)

@@ -358,7 +358,7 @@ def test_attention_runs_triton_under_interpreter(monkeypatch: pytest.MonkeyPatch
     def fail(*args: object, **kwargs: object) -> None:
         raise AssertionError("thd.attention called the torch reference under TRITON_INTERPRET=1")
 
-    for name in ("attention", "attention_forward", "attention_backward"):
+    for name in ("attention", "forward", "backward"):
         monkeypatch.setattr(reference, name, fail)
     layout = LAYOUTS[2]
     q, k, v, do = make_qkv(layout, 1, 1, 32, 32, torch.float32)
@@ -387,8 +387,7 @@ def test_attention_custom_ops_pass_opcheck() -> None:
         "sinks": None,
         "positions_q": None,
         "positions_kv": None,
-        "window_left": -1,
-        "window_right": -1,
+        "window_size": [-1, -1],
         "softcap": 0.0,
         "deterministic": True,
     }

@@ -24,7 +24,15 @@ from tests._helpers import (
     poisoned_allocations,
 )
 from thd.errors import ThdValueError
-from thd.ops.attention import AttentionOptions, VarlenLayout, attention_forward, interface, reference
+from thd.ops.attention import (
+    AttentionOptions,
+    SavedForBackward,
+    VarlenLayout,
+    attention_forward,
+    backward_call,
+    reference,
+)
+from thd.ops.attention.params import BackwardCall, ForwardCall
 from thd.ops.lse_merge.reference import merge_partials_reference
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -226,11 +234,11 @@ def test_backward_accumulates_two_launches_into_fp32_buffers(
     for layout, causal in ((whole, True), (part, False)):
         varlen = _varlen(layout, device)
         options = AttentionOptions(dim**-0.5, causal, deterministic=deterministic)
-        out, lse = reference.attention_forward(q, k, v, varlen, options)
-        got = interface._backward(do, q, k, v, out, lse, varlen, options, None, accumulate=buffers)
+        out, lse = reference.forward(ForwardCall(q, k, v, varlen, options))
+        got = backward_call(BackwardCall(do, SavedForBackward(q, k, v, out, lse), varlen, options, buffers))
         assert all(g is b for g, b in zip(got[:3], buffers, strict=True)), "not the given buffers"
-        grads = reference.attention_backward(do.float(), q.float(), k.float(), v.float(), out.float(), lse,
-                                             varlen, options)  # fmt: skip
+        saved = SavedForBackward(q.float(), k.float(), v.float(), out.float(), lse)
+        grads = reference.backward(BackwardCall(do.float(), saved, varlen, options))
         want = [w + g.double() for w, g in zip(want, grads[:3], strict=True)]
     atol, rtol = _tol(dtype, device)
     for name, got_t, want_t in zip(("dq", "dk", "dv"), buffers, want, strict=True):

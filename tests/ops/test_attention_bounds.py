@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from thd.ops.attention import AttentionOptions, VarlenLayout, attention_backward, attention_forward, launch
+from thd._runtime import tiles
+from thd.ops.attention import AttentionOptions, VarlenLayout, attention_backward, attention_forward
 
 ROWS = 40
 CANARY = 3.25
@@ -68,9 +69,9 @@ def _run(name: str, device: str) -> None:
 
 def _force_tma(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every launch on tensor-descriptor (TMA) tiles: the interpreter tile, and the table's."""
-    tma = launch.Tile(32, 32, 4, 1, tma=True)
-    monkeypatch.setattr(launch, "_INTERPRETER_TILE", tma)
-    monkeypatch.setattr(launch, "TILES", {key: launch.Tile(64, 64, 4, 2, tma=True) for key in launch.TILES})
+    tma = tiles.Tile(32, 32, 4, 1, tma=True)
+    monkeypatch.setattr(tiles, "INTERPRETER_TILE", tma)
+    monkeypatch.setattr(tiles, "TILES", {key: tiles.Tile(64, 64, 4, 2, tma=True) for key in tiles.TILES})
 
 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])

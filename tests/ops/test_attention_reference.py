@@ -13,6 +13,7 @@ from torch import Tensor
 
 from tests._helpers import Layout, assert_close, assert_rows_equal, make_layout, make_qkv, poison_rows
 from thd.ops.attention import AttentionOptions, VarlenLayout, reference
+from thd.ops.attention.params import BackwardCall, SavedForBackward
 
 LAYOUTS = [
     make_layout("packed", [5, 9, 3]),
@@ -104,9 +105,8 @@ def test_reference_backward_matches_autograd(layout: Layout, causal: bool) -> No
     varlen = VarlenLayout(
         kw["cu_seqlens_q"], kw["cu_seqlens_kv"], kw["cu_seqlens_q_padded"], kw["cu_seqlens_kv_padded"]
     )
-    dq, dk, dv, _ = reference.attention_backward(
-        do, q.detach(), k.detach(), v.detach(), out.detach(), lse, varlen, AttentionOptions(scale, causal)
-    )
+    saved = SavedForBackward(q.detach(), k.detach(), v.detach(), out.detach(), lse)
+    dq, dk, dv, _ = reference.backward(BackwardCall(do, saved, varlen, AttentionOptions(scale, causal)))
     for name, got, want in (("dq", dq, q.grad), ("dk", dk, k.grad), ("dv", dv, v.grad)):
         assert want is not None
         assert_close(got, want, name, atol=1e-5, rtol=1e-5)

@@ -3,7 +3,7 @@
 A 4-warp forward tile needs at most 168 registers per thread to keep three blocks on an SM; the
 variant branches (sinks epilogue, window mask, softcap) took 172-211 without the launcher's cap, and
 the ring's accumulating launches (fp32 running output, chunk positions) 208-210.
-Each variant is compiled for this GPU with exactly the tile and options ``launch._launch`` uses and
+Each variant is compiled for this GPU with exactly the tile and options ``thd.ops.attention.launch`` uses and
 its register count and spills are read from the compiled kernel."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import triton
 
 from tests.ops._compile_sm90 import _variant, compile_kernel
-from thd.ops.attention import launch
+from thd._runtime import tiles
 
 pytestmark = pytest.mark.gpu
 
@@ -39,10 +39,10 @@ VARIANTS = {
 def test_small_head_dim_forward_keeps_three_blocks_per_sm(variant: str, long_sequences: bool) -> None:
     flags = {"HAS_SINKS": False, "ACCUMULATE": False, **VARIANTS[variant]}
     meta = {**_variant(64, 64, **flags), "FP32": False}
-    tile = launch.tile_for("fwd", meta, launch.LONG_SEQUENCES + 1 if long_sequences else 128)
+    tile = tiles.tile_for("fwd", meta, tiles.LONG_SEQUENCES + 1 if long_sequences else 128)
     constexprs = {**meta, "TMA": tile.tma, "BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n}
     options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
-    options.update(launch.register_cap("fwd", tile, meta))
+    options.update(tiles.register_cap("fwd", tile, meta))
     target = triton.runtime.driver.active.get_current_target()
     fp32_out = frozenset({"out_ptr"}) if meta["ACCUMULATE"] else frozenset()  # the ring's running output
     compiled = compile_kernel("_attention_fwd_kernel", "bf16", constexprs, options, target, fp32_out)

@@ -15,7 +15,8 @@ import torch
 import thd
 from tests._helpers import assert_close, make_layout, make_qkv, tolerance
 from tests.ops.test_attention_variants import CPU_CASES, _compare
-from thd.ops.attention import launch, reference
+from thd._runtime import tiles
+from thd.ops.attention import reference
 
 _LAYOUT = make_layout("mixed", [37, 1, 70, 0], [37, 1, 70, 0], pad_q=[3, 0, 5, 2], capacity_q=2)
 _CROSS = make_layout("cross", [20, 45], [50, 33], pad_q=[1, 2], pad_kv=[3, 0])
@@ -24,17 +25,15 @@ _CROSS = make_layout("cross", [20, 45], [50, 33], pad_q=[1, 2], pad_kv=[3, 0])
 @pytest.fixture
 def tma_tiles(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Interpreter tiles with TMA and warp specialization on; records each launch's TMA flag."""
-    monkeypatch.setattr(
-        launch, "_INTERPRETER_TILE", launch.Tile(32, 32, 4, 1, tma=True, warp_specialize=True)
-    )
+    monkeypatch.setattr(tiles, "INTERPRETER_TILE", tiles.Tile(32, 32, 4, 1, tma=True, warp_specialize=True))
     seen: list[bool] = []
-    capable = launch._tma_capable
+    capable = tiles.tma_capable
 
     def spy(*tensors: torch.Tensor) -> bool:
         seen.append(capable(*tensors))
         return seen[-1]
 
-    monkeypatch.setattr(launch, "_tma_capable", spy)
+    monkeypatch.setattr(tiles, "tma_capable", spy)
     return seen
 
 
@@ -55,11 +54,11 @@ def test_misaligned_tensors_fall_back_to_pointer_loads() -> None:
     base = torch.randn(8 * 2 * 32 + 1)
     view = base[1:].view(8, 2, 32)  # data pointer 4 bytes past a 16-byte boundary
     aligned = torch.randn(8, 2, 32)
-    assert launch._tma_capable(aligned)
-    assert not launch._tma_capable(view)
-    assert not launch._tma_capable(aligned, view)
+    assert tiles.tma_capable(aligned)
+    assert not tiles.tma_capable(view)
+    assert not tiles.tma_capable(aligned, view)
     strided = torch.randn(8, 2, 34)[:, :, :32]  # row stride 68 floats: not a multiple of 16 bytes
-    assert not launch._tma_capable(strided)
+    assert not tiles.tma_capable(strided)
 
 
 def test_misaligned_inputs_stay_exact_on_tma_tiles(tma_tiles: list[bool]) -> None:

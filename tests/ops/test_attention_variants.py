@@ -197,7 +197,7 @@ def test_use_deterministic_algorithms_selects_the_deterministic_backward(
     real = launch.backward
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(args[7].deterministic)
+        seen.append(args[0].options.deterministic)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(launch, "backward", spy)
@@ -334,8 +334,7 @@ def test_variants_compile_fullgraph_and_pass_opcheck() -> None:
         "positions_kv": None,
         "causal": True,
         "softmax_scale": 32**-0.5,
-        "window_left": 9,
-        "window_right": 0,
+        "window_size": [9, 0],
         "softcap": 2.0,
         "deterministic": True,
     }

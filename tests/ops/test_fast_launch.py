@@ -1,4 +1,4 @@
-"""``thd.ops.attention.fast_launch``: cached kernel launches.
+"""``thd._runtime.launcher``: cached kernel launches.
 
 CPU tests drive the real ``JITFunction.run`` of the installed Triton with a stand-in driver and
 compiler (kernels that record their launches instead of running), so the fast path is compared
@@ -24,8 +24,9 @@ import triton.language as tl
 from triton.compiler.compiler import CompiledKernel
 from triton.runtime import jit as triton_jit
 
-from thd.ops.attention import fast_launch
-from thd.ops.attention.fast_launch import KernelLauncher
+from thd._runtime import launcher as fast_launch
+from thd._runtime import tiles
+from thd._runtime.launcher import KernelLauncher
 
 
 def _scale(x_ptr, y_ptr, extra_ptr, n, stride, scale, flag, BLOCK: tl.constexpr, SHIFT: tl.constexpr):
@@ -551,32 +552,38 @@ def test_attention_kernels_launch_through_the_fast_path(
     """launch.py's launches (once it routes them through KernelLauncher) take the fast path with
     the attention kernels' real signatures, every launch checked against Triton's binder/cache."""
     from thd.ops.attention import launch
-    from thd.ops.attention.params import AttentionOptions, VarlenLayout
+    from thd.ops.attention.params import (
+        AttentionOptions,
+        BackwardCall,
+        ForwardCall,
+        SavedForBackward,
+        VarlenLayout,
+    )
 
-    if not hasattr(launch, "_LAUNCHERS"):
+    if not hasattr(launch, "LAUNCHERS"):
         pytest.skip("launch.py does not route its launches through fast_launch (/tmp/fast_launch.patch)")
     state = fast_launch._state
     assert state is not None
     monkeypatch.setattr(state, "verify_all", True)
-    monkeypatch.setattr(launch, "_tma_capable", lambda *tensors: False)  # asks the CUDA device
+    monkeypatch.setattr(tiles, "tma_capable", lambda *tensors: False)  # asks the CUDA device
 
     def jit(kernel: Any) -> Any:  # the JITFunction of a kernel (an interpreted one under the interpreter)
         fn = kernel if type(kernel) is triton_jit.JITFunction else triton_jit.JITFunction(kernel.fn)
         FakeGPU(fn, fake_gpu.driver)
         return fn
 
-    launchers = {name: KernelLauncher(jit(launcher.fn)) for name, launcher in launch._LAUNCHERS.items()}
-    monkeypatch.setattr(launch, "_LAUNCHERS", launchers)
-    monkeypatch.setattr(launch, "_PREPROCESS", KernelLauncher(jit(launch._PREPROCESS.fn)))
+    launchers = {name: KernelLauncher(jit(launcher.fn)) for name, launcher in launch.LAUNCHERS.items()}
+    monkeypatch.setattr(launch, "LAUNCHERS", launchers)
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     cup = torch.tensor([0, 8, 16], dtype=torch.int32)
     for options in (AttentionOptions(0.125, causal=True), AttentionOptions(0.125, False, (4, -1), 2.0, True)):
         layout = VarlenLayout(cu, cu, cup, cup, 7, 7)
         for _ in range(3):
             q, k, v = torch.randn(16, 4, 32), torch.randn(16, 2, 32), torch.randn(16, 2, 32)
-            out, lse = launch.forward(q, k, v, layout, options)
-            launch.backward(torch.randn_like(out), q, k, v, out, lse, layout, options)
-    used = [*launchers.values(), launch._PREPROCESS]
+            out, lse = launch.forward(ForwardCall(q, k, v, layout, options))
+            saved = SavedForBackward(q, k, v, out, lse)
+            launch.backward(BackwardCall(torch.randn_like(out), saved, layout, options))
+    used = list(launchers.values())
     assert all(launcher.fallbacks == 0 for launcher in used), used
     assert all(launcher.fast_launches >= 2 for launcher in used if launcher.normal_launches), used
 
@@ -587,7 +594,7 @@ def test_gpu_attention_through_fast_path_matches_normal_path(monkeypatch: pytest
     import thd
     from thd.ops.attention import launch
 
-    if not hasattr(launch, "_LAUNCHERS"):
+    if not hasattr(launch, "LAUNCHERS"):
         pytest.skip("launch.py does not route its launches through fast_launch (/tmp/fast_launch.patch)")
     cu = torch.tensor([0, 100, 180, 300], dtype=torch.int32, device="cuda")
     cup = torch.tensor([0, 128, 256, 384], dtype=torch.int32, device="cuda")

@@ -34,7 +34,6 @@ and during CUDA-graph capture alike.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from thd._runtime.config import cp_side_stream
 from thd.errors import ThdDistributedError
 
 __all__ = ["P2P", "Pending", "RingComm", "all_gather_ints", "resolve_group", "side_stream", "wait_stream"]
@@ -53,7 +53,7 @@ _EVENTS: dict[tuple[int, int], torch.cuda.Event] = {}
 def side_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream | None:
     """The cached communication stream of a CUDA device and priority (lower is more urgent;
     ``THD_CP_SIDE_STREAM=0`` disables the side stream of the NCCL/gloo transport)."""
-    if device.type != "cuda" or (priority == 0 and os.environ.get("THD_CP_SIDE_STREAM", "1") == "0"):
+    if device.type != "cuda" or (priority == 0 and not cp_side_stream()):
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = _SIDE_STREAMS.get((index, priority))

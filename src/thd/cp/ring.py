@@ -63,7 +63,14 @@ from thd.cp.comm import P2P, RingComm, resolve_group
 from thd.cp.plan import Launch, PlanRequest, RingPlan, build_plan
 from thd.cp.transport import ring_comm
 from thd.errors import ThdError
-from thd.ops.attention.params import AttentionOptions, VarlenLayout
+from thd.ops.attention.dispatch import backward_call, forward_call, runs_kernels
+from thd.ops.attention.params import (
+    AttentionOptions,
+    BackwardCall,
+    ForwardCall,
+    SavedForBackward,
+    VarlenLayout,
+)
 
 __all__ = [
     "RingAttentionFunction",
@@ -89,22 +96,6 @@ _FN = "ring_attention"
 _KV, _DKV = 0, 1  # message kinds, part of the p2p tag
 
 
-_ATTENTION: dict[str, object] = {}
-
-
-def _attention(name: str):  # type: ignore[no-untyped-def]
-    """``thd.ops.attention.interface``'s ``_forward``/``_backward``/``_use_triton`` (imported on
-    first use: keeps ``import thd.cp`` free of Triton). The ring calls the attention without
-    its per-call argument checks: it checked q, k, v, sinks and the variants itself, and it
-    builds every layout and accumulator."""
-    fn = _ATTENTION.get(name)
-    if fn is None:
-        from thd.ops.attention import interface
-
-        fn = _ATTENTION[name] = getattr(interface, name)
-    return fn
-
-
 def _clean_padding(plan: RingPlan, out: Tensor | None = None, grads: tuple[Tensor, ...] = ()) -> None:
     """Exact zeros on the padding rows of ``out`` (query layout) and ``(dq, dk, dv)``; only
     when the layout has padding, and only after the torch reference: the Triton kernels already
@@ -113,7 +104,7 @@ def _clean_padding(plan: RingPlan, out: Tensor | None = None, grads: tuple[Tenso
     if not plan.pad:
         return
     x = out if out is not None else grads[0]
-    if _attention("_use_triton")(x):
+    if runs_kernels(x):
         return
     from thd.padding import zero_padding_  # imported on use: thd.padding imports Triton
 
@@ -155,8 +146,9 @@ def launch_forward(
     """``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)`` of one launch, zeros / ``-inf`` outside its rows;
     with ``accumulate`` the launch is merged into that partial result in place instead.
     ``sinks`` is used only when the launch carries them."""
-    return _attention("_forward")(
-        q, k, v, launch.layout, launch.launch_options(options), sinks if launch.sinks else None, accumulate
+    carried = sinks if launch.sinks else None
+    return forward_call(
+        ForwardCall(q, k, v, launch.layout, launch.launch_options(options), carried, accumulate)
     )
 
 
@@ -175,18 +167,8 @@ def launch_backward(
     """``(dq, dk, dv, dsinks)`` of one launch from the merged ``out`` and ``lse``; ``dsinks``
     (over the launch's real query rows) only when it carries the sinks. With
     ``accumulate=(dq, dk, dv)`` (fp32) the gradients are added into those buffers instead."""
-    return _attention("_backward")(
-        do,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        launch.layout,
-        launch.launch_options(options),
-        sinks if launch.sinks else None,
-        accumulate,
-    )
+    saved = SavedForBackward(q, k, v, out, lse, sinks if launch.sinks else None)
+    return backward_call(BackwardCall(do, saved, launch.layout, launch.launch_options(options), accumulate))
 
 
 def _exchange(

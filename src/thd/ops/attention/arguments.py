@@ -66,6 +66,10 @@ def _default_scale(fn: str, q: Tensor) -> float:
     return q.shape[2] ** -0.5
 
 
+_COMMON_OPTIONS: dict[tuple, AttentionOptions] = {}
+"""Options of the common call by their arguments: one shared (immutable) object per distinct call."""
+
+
 def resolve_options(
     fn: str,
     q: Tensor,
@@ -76,7 +80,7 @@ def resolve_options(
     deterministic: object,
 ) -> AttentionOptions:
     """Checked options, with the default scale ``D ** -0.5``."""
-    if isinstance(q, Tensor) and type(window_size) is tuple and len(window_size) == 2:
+    if isinstance(q, Tensor) and q.dim() == 3 and type(window_size) is tuple and len(window_size) == 2:
         # The common call (float or default scale, int window, float or int softcap) in a few
         # comparisons; anything else, every error included, takes the checks below.
         left, right = window_size
@@ -91,9 +95,21 @@ def resolve_options(
             and 0 <= softcap <= MAX_FLOAT32
             and not (causal and right > 0)
         ):
-            scale = _default_scale(fn, q) if scale is None else scale
-            window = (left, right)
-            return AttentionOptions(float(scale), bool(causal), window, float(softcap), bool(deterministic))
+            key = (scale, q.shape[-1], bool(causal), left, right, softcap, bool(deterministic))
+            options = _COMMON_OPTIONS.get(key)
+            if options is None:
+                if len(_COMMON_OPTIONS) >= 1024:
+                    _COMMON_OPTIONS.clear()
+                options = AttentionOptions(
+                    softmax_scale=float(_default_scale(fn, q) if scale is None else scale),
+                    causal=key[2],
+                    window_size=(left, right),
+                    softcap=float(softcap),
+                    deterministic=key[6],
+                )
+                if scale != 0.0:  # 0.0 and -0.0 are one key but not one scale: never shared
+                    _COMMON_OPTIONS[key] = options
+            return options
     if not isinstance(q, Tensor):
         raise ThdTypeError(f"{fn}: q: expected a torch.Tensor, got {type(q).__name__}")
     scale = check_softmax_scale(fn, softmax_scale)
@@ -102,7 +118,11 @@ def resolve_options(
     if not 0 <= cap <= MAX_FLOAT32:
         raise ThdValueError(f"{fn}: softcap: expected 0 (off) to {MAX_FLOAT32:.4g} (float32), got {cap}")
     return AttentionOptions(
-        float(scale), bool(causal), _window(fn, window_size, bool(causal)), cap, bool(deterministic)
+        softmax_scale=float(scale),
+        causal=bool(causal),
+        window_size=_window(fn, window_size, bool(causal)),
+        softcap=cap,
+        deterministic=bool(deterministic),
     )
 
 

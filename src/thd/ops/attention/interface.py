@@ -1,34 +1,40 @@
-"""Public varlen attention: validation, backend dispatch, custom ops and autograd.
+"""Public varlen attention: validation, custom ops and autograd.
 
-``attention_forward`` / ``attention_backward`` are the low-level entry points (used by the
-context-parallel ring); they take a :class:`VarlenLayout` and :class:`AttentionOptions`.
+``attention_forward`` / ``attention_backward`` are the checked low-level entry points; they take a
+:class:`VarlenLayout` and :class:`AttentionOptions` (the ring calls the unchecked
+:func:`~thd.ops.attention.dispatch.forward_call` / ``backward_call`` instead).
 :func:`attention` is the differentiable public API. ``torch.compile`` traces it through the
-custom ops ``thd::attention_fwd`` / ``thd::attention_bwd`` (no graph breaks, capturable);
-eager mode takes :class:`AttentionFunction`, whose Python dispatch is several times cheaper,
-or, when no gradient can be recorded (``no_grad``, ``inference_mode``), calls the forward
-directly. Both share one context setup and one backward body.
+custom ops ``thd::attention_fwd`` / ``thd::attention_bwd`` (no graph breaks, capturable), whose
+schema :mod:`thd.ops.attention.schema` generates from the typed objects; eager mode takes
+:class:`AttentionFunction`, whose Python dispatch is several times cheaper, or, when no gradient
+can be recorded (``no_grad``, ``inference_mode``), calls the forward directly. Both share one
+context setup and one backward body.
 
-Backend choice: CUDA tensors run the Triton kernels; CPU tensors run the torch reference,
-except under ``TRITON_INTERPRET=1`` where they run the Triton kernels through the
-interpreter. ``THD_ATTENTION_BACKEND=reference|triton`` forces one.
+Backend choice (:mod:`thd.ops.attention.dispatch`): CUDA tensors run a kernel family; CPU tensors
+run the torch reference, except under ``TRITON_INTERPRET=1`` where they run the Triton kernels
+through the interpreter. ``THD_ATTENTION_BACKEND=reference|triton`` forces one, and
+``THD_KERNELS=tl|gluon`` the kernel family.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import Tensor
 
 from thd._capture import is_capturing
-from thd._triton import runs_triton
 from thd.layout import check_layout_async
 from thd.layout import validate as validate_layout
-from thd.ops.attention import launch, reference
+from thd.ops.attention import schema
 from thd.ops.attention.arguments import check_call, resolve_options
 from thd.ops.attention.checks import check_accumulator, check_saved_outputs
-from thd.ops.attention.params import AttentionOptions, VarlenLayout
-from thd.ops.lse_merge.reference import merge_partials_reference
+from thd.ops.attention.dispatch import backward_call, forward_call, resolve_max_seqlens
+from thd.ops.attention.params import (
+    AttentionOptions,
+    BackwardCall,
+    ForwardCall,
+    SavedForBackward,
+    VarlenLayout,
+)
 
 __all__ = [
     "AttentionFunction",
@@ -38,37 +44,6 @@ __all__ = [
     "attention_backward",
     "attention_forward",
 ]
-
-
-def _use_triton(x: Tensor) -> bool:
-    forced = os.environ.get("THD_ATTENTION_BACKEND", "").lower()
-    if forced in ("reference", "triton"):
-        return forced == "triton"
-    return runs_triton(x)
-
-
-def _max_seqlen(name: str, cu: Tensor, given: int | None) -> int:
-    if given is not None:
-        return int(given)
-    if is_capturing():
-        from thd.errors import ThdValueError
-
-        raise ThdValueError(
-            f"attention: {name} is None during CUDA-graph capture; pass the maximum real "
-            "sequence length as an int (deriving it needs a device-to-host read)"
-        )
-    if cu.numel() < 2 or cu.is_meta:  # meta tensors: shapes only, no lengths to read
-        return 0
-    return int((cu[1:] - cu[:-1]).max().item())
-
-
-def _resolved(layout: VarlenLayout) -> VarlenLayout:
-    if layout.max_seqlen_q is not None and layout.max_seqlen_kv is not None:
-        return layout
-    return layout.with_max_seqlens(
-        _max_seqlen("max_seqlen_q", layout.cu_seqlens_q, layout.max_seqlen_q),
-        _max_seqlen("max_seqlen_kv", layout.cu_seqlens_kv, layout.max_seqlen_kv),
-    )
 
 
 def attention_forward(
@@ -91,32 +66,7 @@ def attention_forward(
     check_call("attention_forward", q, k, v, layout, options, sinks)
     if accumulate is not None:
         check_accumulator("attention_forward", q, v, *accumulate)
-    return _forward(q, k, v, layout, options, sinks, accumulate)
-
-
-def _forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    layout: VarlenLayout,
-    options: AttentionOptions,
-    sinks: Tensor | None,
-    accumulate: tuple[Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor]:
-    """:func:`attention_forward` without the argument checks (callers checked them)."""
-    if not _use_triton(q):
-        part = reference.attention_forward(q, k, v, layout, options, sinks)
-        return part if accumulate is None else _merge_into(accumulate, part)
-    return launch.forward(q, k, v, _resolved(layout), options, sinks, accumulate)
-
-
-def _merge_into(acc: tuple[Tensor, Tensor], part: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-    """Reference accumulation: the log-sum-exp merge of ``acc`` and ``part``, written into ``acc``."""
-    out, lse = acc
-    merged_out, merged_lse = merge_partials_reference([acc, part], out.dtype)
-    out.copy_(merged_out)
-    lse.copy_(merged_lse)
-    return out, lse
+    return forward_call(ForwardCall(q, k, v, layout, options, sinks, accumulate))
 
 
 def attention_backward(
@@ -139,218 +89,87 @@ def attention_backward(
     """
     check_call("attention_backward", q, k, v, layout, options, sinks)
     check_saved_outputs("attention_backward", q, v, do, out, lse)
-    return _backward(do, q, k, v, out, lse, layout, options, sinks)
-
-
-def _backward(
-    do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    layout: VarlenLayout,
-    options: AttentionOptions,
-    sinks: Tensor | None,
-    accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """:func:`attention_backward` without the argument checks. ``accumulate=(dq, dk, dv)``
-    (fp32, shaped like q, k, v): add the gradients into them on this layout's real rows only."""
-    if not options.deterministic and torch.are_deterministic_algorithms_enabled():
-        options = AttentionOptions(
-            options.softmax_scale, options.causal, options.window_size, options.softcap, True
-        )
-    if not _use_triton(q):
-        grads = reference.attention_backward(do, q, k, v, out, lse, layout, options, sinks)
-        if accumulate is None:
-            return grads
-        for buffer, grad in zip(accumulate, grads[:3], strict=True):
-            buffer.add_(grad)  # zero on every row outside the layout's real rows
-        return (*accumulate, grads[3])
-    return launch.backward(do, q, k, v, out, lse, _resolved(layout), options, sinks, accumulate)
+    return backward_call(BackwardCall(do, SavedForBackward(q, k, v, out, lse, sinks), layout, options))
 
 
 # ----------------------------------------------------------------------------- custom ops
-# The flat schema below is the only place the layout and options are spelled out argument by
-# argument: _flat / _unflat convert between it and the typed objects.
+# Schemas, flattening and unflattening of the layout and options: thd.ops.attention.schema.
 
 
-def _flat(layout: VarlenLayout, options: AttentionOptions) -> tuple:
-    return (
-        *layout.tensors(),
-        layout.max_seqlen_q,
-        layout.max_seqlen_kv,
-        options.causal,
-        options.softmax_scale,
-        options.window_size[0],
-        options.window_size[1],
-        options.softcap,
-        options.deterministic,
-    )
-
-
-def _unflat(
-    cu_q,
-    cu_kv,
-    cup_q,
-    cup_kv,
-    pos_q,
-    pos_kv,
-    max_q,
-    max_kv,
-    causal,
-    scale,
-    left,
-    right,
-    softcap,  # type: ignore[no-untyped-def]
-    deterministic,
-) -> tuple[VarlenLayout, AttentionOptions]:
-    layout = VarlenLayout(cu_q, cu_kv, cup_q, cup_kv, max_q, max_kv, pos_q, pos_kv)
-    return layout, AttentionOptions(scale, causal, (left, right), softcap, deterministic)
-
-
-@torch.library.custom_op("thd::attention_fwd", mutates_args=())
-def _attention_fwd_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    sinks: Tensor | None,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_kv: Tensor,
-    cu_seqlens_q_padded: Tensor | None,
-    cu_seqlens_kv_padded: Tensor | None,
-    positions_q: Tensor | None,
-    positions_kv: Tensor | None,
-    max_seqlen_q: int,
-    max_seqlen_kv: int,
-    causal: bool,
-    softmax_scale: float,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    deterministic: bool,
+def _attention_fwd_impl(
+    q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None, *flat: object
 ) -> tuple[Tensor, Tensor]:
-    layout, options = _unflat(
-        cu_seqlens_q,
-        cu_seqlens_kv,
-        cu_seqlens_q_padded,
-        cu_seqlens_kv_padded,
-        positions_q,
-        positions_kv,
-        max_seqlen_q,
-        max_seqlen_kv,
-        causal,
-        softmax_scale,
-        window_left,
-        window_right,
-        softcap,
-        deterministic,
-    )
-    return _forward(q, k, v, layout, options, sinks)
+    layout, options = schema.unflatten(flat)
+    return forward_call(ForwardCall(q, k, v, layout, options, sinks))
+
+
+def _attention_bwd_impl(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, sinks: Tensor | None, *flat: object
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dsinks)``; ``dsinks`` is empty without sinks (an op returns tensors only)."""
+    layout, options = schema.unflatten(flat)
+    saved = SavedForBackward(q, k, v, out, lse, sinks)
+    dq, dk, dv, dsinks = backward_call(BackwardCall(do, saved, layout, options))
+    return dq, dk, dv, q.new_empty(0) if dsinks is None else dsinks
+
+
+_attention_fwd_op = torch.library.custom_op(
+    "thd::attention_fwd", _attention_fwd_impl, mutates_args=(), schema=schema.FWD_SCHEMA
+)
+_attention_bwd_op = torch.library.custom_op(
+    "thd::attention_bwd", _attention_bwd_impl, mutates_args=(), schema=schema.BWD_SCHEMA
+)
 
 
 @_attention_fwd_op.register_fake
-def _(q, k, v, sinks, *layout_and_options):  # type: ignore[no-untyped-def]
+def _(q, k, v, sinks, *flat):  # type: ignore[no-untyped-def]
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
     return out, lse
 
 
-@torch.library.custom_op("thd::attention_bwd", mutates_args=())
-def _attention_bwd_op(
-    do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    sinks: Tensor | None,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_kv: Tensor,
-    cu_seqlens_q_padded: Tensor | None,
-    cu_seqlens_kv_padded: Tensor | None,
-    positions_q: Tensor | None,
-    positions_kv: Tensor | None,
-    max_seqlen_q: int,
-    max_seqlen_kv: int,
-    causal: bool,
-    softmax_scale: float,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    deterministic: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv, dsinks)``; ``dsinks`` is empty without sinks (an op returns tensors only)."""
-    layout, options = _unflat(
-        cu_seqlens_q,
-        cu_seqlens_kv,
-        cu_seqlens_q_padded,
-        cu_seqlens_kv_padded,
-        positions_q,
-        positions_kv,
-        max_seqlen_q,
-        max_seqlen_kv,
-        causal,
-        softmax_scale,
-        window_left,
-        window_right,
-        softcap,
-        deterministic,
-    )
-    dq, dk, dv, dsinks = _backward(do, q, k, v, out, lse, layout, options, sinks)
-    return dq, dk, dv, q.new_empty(0) if dsinks is None else dsinks
-
-
 @_attention_bwd_op.register_fake
-def _(do, q, k, v, out, lse, sinks, *layout_and_options):  # type: ignore[no-untyped-def]
+def _(do, q, k, v, out, lse, sinks, *flat):  # type: ignore[no-untyped-def]
     dsinks = q.new_empty(0) if sinks is None else torch.empty_like(sinks)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
 # ----------------------------------------------------------------------------- autograd
+# Both paths save (q, k, v, out, lse, sinks) and the layout's tensors, and keep the layout's
+# bounds and the options on the context: _save / _saved are the only places that know how.
 
 
-def _save(
-    ctx,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    sinks: Tensor | None,
-    out: Tensor,
-    lse: Tensor,  # type: ignore[no-untyped-def]
-    layout: VarlenLayout,
-    options: AttentionOptions,
-) -> None:
-    ctx.save_for_backward(q, k, v, sinks, out, lse, *layout.tensors())
-    ctx.max_seqlens = (layout.max_seqlen_q, layout.max_seqlen_kv)
+def _save(ctx, saved: SavedForBackward, layout: VarlenLayout, options: AttentionOptions) -> None:  # type: ignore[no-untyped-def]
+    ctx.save_for_backward(*saved, *layout.tensors())
+    ctx.layout = layout  # its tensors are saved above too, for autograd's version checks
     ctx.options = options
-    ctx.mark_non_differentiable(lse)
+    ctx.mark_non_differentiable(saved.lse)
 
 
-def _saved(ctx) -> tuple:  # type: ignore[no-untyped-def]
-    """``(q, k, v, sinks, out, lse, layout, options)`` from the saved context."""
-    q, k, v, sinks, out, lse, *cu = ctx.saved_tensors
-    layout = VarlenLayout(*cu[:4], *ctx.max_seqlens, *cu[4:])
-    return q, k, v, sinks, out, lse, layout, ctx.options
+def _saved(ctx) -> SavedForBackward:  # type: ignore[no-untyped-def]
+    return SavedForBackward._make(ctx.saved_tensors[: len(SavedForBackward._fields)])
 
 
 def _grads(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[no-untyped-def]
     """``(dq, dk, dv, dsinks)`` from the saved context, by the backward custom op."""
-    q, k, v, sinks, out, lse, layout, options = _saved(ctx)
-    flat = _flat(layout, options)
-    dq, dk, dv, dsinks = _attention_bwd_op(dout.contiguous(), q, k, v, out, lse, sinks, *flat)
-    return dq, dk, dv, (dsinks if sinks is not None else None)
+    saved = _saved(ctx)
+    flat = schema.flatten(ctx.layout, ctx.options)
+    dq, dk, dv, dsinks = _attention_bwd_op(dout.contiguous(), *saved, *flat)
+    return dq, dk, dv, (dsinks if saved.sinks is not None else None)
 
 
 def _op_setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
-    q, k, v, sinks, *rest = inputs
-    layout, options = _unflat(*rest)
-    _save(ctx, q, k, v, sinks, *output, layout, options)
+    q, k, v, sinks, *flat = inputs
+    layout, options = schema.unflatten(flat)
+    _save(ctx, SavedForBackward(q, k, v, *output, sinks), layout, options)
+
+
+_NO_FLAT_GRADS = (None,) * len(schema.FLAT_NAMES)
 
 
 def _op_backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def]
     del dlse  # lse is an auxiliary output; it carries no gradient
-    return (*_grads(ctx, dout), *([None] * 14))
+    return (*_grads(ctx, dout), *_NO_FLAT_GRADS)
 
 
 _attention_fwd_op.register_autograd(_op_backward, setup_context=_op_setup_context)
@@ -369,16 +188,16 @@ class AttentionFunction(torch.autograd.Function):
         layout: VarlenLayout,  # type: ignore[override]
         options: AttentionOptions,
     ) -> tuple[Tensor, Tensor]:
-        out, lse = _forward(q, k, v, layout, options, sinks)
-        _save(ctx, q, k, v, sinks, out, lse, layout, options)
+        out, lse = forward_call(ForwardCall(q, k, v, layout, options, sinks))
+        _save(ctx, SavedForBackward(q, k, v, out, lse, sinks), layout, options)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def, override]
         del dlse
-        q, k, v, sinks, out, lse, layout, options = _saved(ctx)
-        dq, dk, dv, dsinks = _backward(dout.contiguous(), q, k, v, out, lse, layout, options, sinks)
-        return dq, dk, dv, (dsinks if sinks is not None else None), None, None
+        saved = _saved(ctx)
+        dq, dk, dv, dsinks = backward_call(BackwardCall(dout.contiguous(), saved, ctx.layout, ctx.options))
+        return dq, dk, dv, (dsinks if saved.sinks is not None else None), None, None
 
 
 def _no_gradients() -> bool:
@@ -465,6 +284,7 @@ def attention(
         ...                     cu_seqlens_kv_padded=cup, max_seqlen_q=3, max_seqlen_kv=3,
         ...                     causal=True)
     """
+    # The public arguments in the order of VarlenLayout's first fields.
     layout = VarlenLayout(
         cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv
     )
@@ -477,11 +297,11 @@ def attention(
     else:  # no host read allowed: THD_VALIDATE=device asserts the layout on the device instead
         check_layout_async("attention", cu_seqlens_q, cu_seqlens_q_padded, num_rows=q.shape[0])
         check_layout_async("attention", cu_seqlens_kv, cu_seqlens_kv_padded, num_rows=k.shape[0])
-    layout = _resolved(layout)
+    layout = resolve_max_seqlens(layout)
     if torch.compiler.is_compiling():
-        out, lse = _attention_fwd_op(q, k, v, sinks, *_flat(layout, options))
+        out, lse = _attention_fwd_op(q, k, v, sinks, *schema.flatten(layout, options))
     elif _no_gradients():  # the Function would add only its dispatch cost: no graph to record
-        out, lse = _forward(q, k, v, layout, options, sinks)
+        out, lse = forward_call(ForwardCall(q, k, v, layout, options, sinks))
     else:
         out, lse = AttentionFunction.apply(q, k, v, sinks, layout, options)
     return (out, lse) if return_lse else out

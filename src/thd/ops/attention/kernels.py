@@ -91,6 +91,19 @@ def _span(cu_ptr, cup_ptr, b, num_rows):
 
 
 @triton.jit
+def _program():
+    """This program's ``(head, sequence b, number of sequences B)`` from grid axes 1 and 2 (the
+    kernels' shared prologue; ``b == B`` is the program of the tail rows)."""
+    return tl.program_id(1), tl.program_id(2), tl.num_programs(2) - 1
+
+
+@triton.jit
+def _rows_at(base_ptr, start, stride_t, head, stride_h):
+    """Pointer to row ``start`` (int64 offset) of head ``head`` of a ``[T, H, D]`` tensor."""
+    return base_ptr + start.to(tl.int64) * stride_t + head * stride_h
+
+
+@triton.jit
 def _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows):
     """Padding rows ``[lo, hi)`` of slot ``b`` (clamped to the tensor); ``b == num_seqs`` is the tail."""
     if b < num_seqs:
@@ -417,36 +430,56 @@ def _attention_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    head = tl.program_id(1)
-    b = tl.program_id(2)
-    num_seqs = tl.num_programs(2) - 1
+    head, b, num_seqs = _program()
     out_head = out_ptr + head * stride_oh
     lse_head = lse_ptr + head * stride_lse_h
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
         _fill_padding(
-            out_head, stride_ot, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, 0.0, HEAD_DIM_V, BLOCK_DV, BLOCK_M
+            base_ptr=out_head,
+            stride_t=stride_ot,
+            cu_ptr=cu_q_ptr,
+            cup_ptr=cup_q_ptr,
+            b=b,
+            num_seqs=num_seqs,
+            num_rows=rows_q,
+            value=0.0,
+            WIDTH=HEAD_DIM_V,
+            BLOCK_W=BLOCK_DV,
+            BLOCK_R=BLOCK_M,
         )
-        _fill_padding(lse_head, 1, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, float("-inf"), 1, 1, BLOCK_M)
+        _fill_padding(
+            base_ptr=lse_head,
+            stride_t=1,
+            cu_ptr=cu_q_ptr,
+            cup_ptr=cup_q_ptr,
+            b=b,
+            num_seqs=num_seqs,
+            num_rows=rows_q,
+            value=float("-inf"),
+            WIDTH=1,
+            BLOCK_W=1,
+            BLOCK_R=BLOCK_M,
+        )
     if b == num_seqs:
         return
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
-        cu_q_ptr,
-        cup_q_ptr,
-        cu_k_ptr,
-        cup_k_ptr,
-        pos_q_ptr,
-        pos_k_ptr,
-        b,
-        rows_q,
-        rows_k,
-        window_left,
-        window_right,
-        HAS_POSITIONS,
+        cu_q_ptr=cu_q_ptr,
+        cup_q_ptr=cup_q_ptr,
+        cu_k_ptr=cu_k_ptr,
+        cup_k_ptr=cup_k_ptr,
+        pos_q_ptr=pos_q_ptr,
+        pos_k_ptr=pos_k_ptr,
+        b=b,
+        rows_q=rows_q,
+        rows_k=rows_k,
+        window_left=window_left,
+        window_right=window_right,
+        HAS_POSITIONS=HAS_POSITIONS,
     )
     kv_head = head // GROUP
-    q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
-    k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
-    v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+    q_base = _rows_at(q_ptr, q_start, stride_qt, head, stride_qh)
+    k_base = _rows_at(k_ptr, k_start, stride_kt, kv_head, stride_kh)
+    v_base = _rows_at(v_ptr, k_start, stride_vt, kv_head, stride_vh)
     out_base = out_head + q_start.to(tl.int64) * stride_ot
     lse_base = lse_head + q_start
     k_src = _row_source(k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
@@ -472,40 +505,47 @@ def _attention_fwd_kernel(
             acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         last = tl.minimum(m_block * BLOCK_M + BLOCK_M, seqlen_q) - 1
         a, b_, c, end = _tile_ranges(
-            m_block * BLOCK_M, last, d_lo, d_hi, seqlen_k, BLOCK_N, HAS_LEFT, HAS_RIGHT
+            t0=m_block * BLOCK_M,
+            t_last=last,
+            d_lo=d_lo,
+            d_hi=d_hi,
+            partners=seqlen_k,
+            BLOCK=BLOCK_N,
+            HAS_LO=HAS_LEFT,
+            HAS_HI=HAS_RIGHT,
         )
         for stage in tl.static_range(3):  # masked left edge, tiles seen in full, masked right edge
             lo, hi = _stage_bounds(stage, a, b_, c, end)
             acc, m_i, l_i = _fwd_tiles(
-                acc,
-                m_i,
-                l_i,
-                q,
-                k_src,
-                v_src,
-                stride_kt,
-                stride_vt,
-                rows,
-                lo,
-                hi,
-                seqlen_k,
-                d_lo,
-                d_hi,
-                sm_scale,
-                softcap,
-                BLOCK_N,
-                HEAD_DIM,
-                HEAD_DIM_V,
-                BLOCK_D,
-                BLOCK_DV,
-                stage != 1,
-                HAS_LEFT,
-                HAS_RIGHT,
-                SOFTCAP,
-                FOLD_SCALE,
-                UPCAST,
-                TMA,
-                WARP_SPEC,
+                acc=acc,
+                m_i=m_i,
+                l_i=l_i,
+                q=q,
+                k_src=k_src,
+                v_src=v_src,
+                stride_kt=stride_kt,
+                stride_vt=stride_vt,
+                rows=rows,
+                lo=lo,
+                hi=hi,
+                seqlen_k=seqlen_k,
+                d_lo=d_lo,
+                d_hi=d_hi,
+                sm_scale=sm_scale,
+                softcap=softcap,
+                BLOCK_N=BLOCK_N,
+                HEAD_DIM=HEAD_DIM,
+                HEAD_DIM_V=HEAD_DIM_V,
+                BLOCK_D=BLOCK_D,
+                BLOCK_DV=BLOCK_DV,
+                MASKED=stage != 1,
+                HAS_LEFT=HAS_LEFT,
+                HAS_RIGHT=HAS_RIGHT,
+                SOFTCAP=SOFTCAP,
+                FOLD_SCALE=FOLD_SCALE,
+                UPCAST=UPCAST,
+                TMA=TMA,
+                WARP_SPEC=WARP_SPEC,
             )
         if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
             sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
@@ -553,8 +593,8 @@ def _attention_bwd_preprocess_kernel(
     head = tl.program_id(1)
     b = tl.program_id(2)
     q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
-    o_base = out_ptr + q_start.to(tl.int64) * stride_ot + head * stride_oh
-    do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
+    o_base = _rows_at(out_ptr, q_start, stride_ot, head, stride_oh)
+    do_base = _rows_at(do_ptr, q_start, stride_dot, head, stride_doh)
     offs_dv = tl.arange(0, BLOCK_DV)
     for m_block in range(tl.program_id(0), tl.cdiv(seqlen_q, BLOCK_M), tl.num_programs(0)):
         rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -714,37 +754,55 @@ def _attention_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    kv_head = tl.program_id(1)
-    b = tl.program_id(2)
-    num_seqs = tl.num_programs(2) - 1
+    kv_head, b, num_seqs = _program()
     dk_head = dk_ptr + kv_head * stride_dkh
     dv_head = dv_ptr + kv_head * stride_dvh
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
         _fill_padding(
-            dk_head, stride_dkt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, 0.0, HEAD_DIM, BLOCK_D, BLOCK_N
+            base_ptr=dk_head,
+            stride_t=stride_dkt,
+            cu_ptr=cu_k_ptr,
+            cup_ptr=cup_k_ptr,
+            b=b,
+            num_seqs=num_seqs,
+            num_rows=rows_k,
+            value=0.0,
+            WIDTH=HEAD_DIM,
+            BLOCK_W=BLOCK_D,
+            BLOCK_R=BLOCK_N,
         )
         _fill_padding(
-            dv_head, stride_dvt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, 0.0, HEAD_DIM_V, BLOCK_DV, BLOCK_N
+            base_ptr=dv_head,
+            stride_t=stride_dvt,
+            cu_ptr=cu_k_ptr,
+            cup_ptr=cup_k_ptr,
+            b=b,
+            num_seqs=num_seqs,
+            num_rows=rows_k,
+            value=0.0,
+            WIDTH=HEAD_DIM_V,
+            BLOCK_W=BLOCK_DV,
+            BLOCK_R=BLOCK_N,
         )
     if b == num_seqs:
         return
     # Query r sees key c iff c - r in [d_lo, d_hi], i.e. r - c in [-d_hi, -d_lo].
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
-        cu_q_ptr,
-        cup_q_ptr,
-        cu_k_ptr,
-        cup_k_ptr,
-        pos_q_ptr,
-        pos_k_ptr,
-        b,
-        rows_q,
-        rows_k,
-        window_left,
-        window_right,
-        HAS_POSITIONS,
+        cu_q_ptr=cu_q_ptr,
+        cup_q_ptr=cup_q_ptr,
+        cu_k_ptr=cu_k_ptr,
+        cup_k_ptr=cup_k_ptr,
+        pos_q_ptr=pos_q_ptr,
+        pos_k_ptr=pos_k_ptr,
+        b=b,
+        rows_q=rows_q,
+        rows_k=rows_k,
+        window_left=window_left,
+        window_right=window_right,
+        HAS_POSITIONS=HAS_POSITIONS,
     )
-    k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
-    v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+    k_base = _rows_at(k_ptr, k_start, stride_kt, kv_head, stride_kh)
+    v_base = _rows_at(v_ptr, k_start, stride_vt, kv_head, stride_vh)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     num_n_blocks = tl.num_programs(0)
@@ -756,15 +814,22 @@ def _attention_bwd_dkdv_kernel(
         dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
         last = tl.minimum(n_block * BLOCK_N + BLOCK_N, seqlen_k) - 1
         a, b_, c, end = _tile_ranges(
-            n_block * BLOCK_N, last, -d_hi, -d_lo, seqlen_q, BLOCK_M, HAS_RIGHT, HAS_LEFT
+            t0=n_block * BLOCK_N,
+            t_last=last,
+            d_lo=-d_hi,
+            d_hi=-d_lo,
+            partners=seqlen_q,
+            BLOCK=BLOCK_M,
+            HAS_LO=HAS_RIGHT,
+            HAS_HI=HAS_LEFT,
         )
         if last < n_block * BLOCK_N + BLOCK_N - 1:  # a partial key tile: mask every stage
             b_ = a
             c = a
         for g in range(GROUP):
             head = kv_head * GROUP + g
-            q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
-            do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
+            q_base = _rows_at(q_ptr, q_start, stride_qt, head, stride_qh)
+            do_base = _rows_at(do_ptr, q_start, stride_dot, head, stride_doh)
             lse_base = lse_ptr + head * stride_lse_h + q_start
             delta_base = delta_ptr + head * stride_lse_h + q_start
             q_src = _row_source(q_base, seqlen_q, stride_qt, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
@@ -777,45 +842,45 @@ def _attention_bwd_dkdv_kernel(
                     block_shape=[BLOCK_M, BLOCK_D],
                 )
             else:
-                dq_base = dq_acc_ptr + q_start.to(tl.int64) * stride_dqt + head * stride_dqh
+                dq_base = _rows_at(dq_acc_ptr, q_start, stride_dqt, head, stride_dqh)
             for stage in tl.static_range(3):  # masked left edge, tiles seen in full, masked right edge
                 lo, hi = _stage_bounds(stage, a, b_, c, end)
                 dk, dv = _bwd_kv_tiles(
-                    dk,
-                    dv,
-                    k,
-                    v,
-                    q_src,
-                    do_src,
-                    lse_base,
-                    delta_base,
-                    dq_base,
-                    q_start,
-                    stride_qt,
-                    stride_dot,
-                    stride_dqt,
-                    cols,
-                    lo,
-                    hi,
-                    seqlen_q,
-                    seqlen_k,
-                    d_lo,
-                    d_hi,
-                    sm_scale,
-                    softcap,
-                    BLOCK_M,
-                    HEAD_DIM,
-                    HEAD_DIM_V,
-                    BLOCK_D,
-                    BLOCK_DV,
-                    stage != 1,
-                    HAS_LEFT,
-                    HAS_RIGHT,
-                    SOFTCAP,
-                    DQ_MODE,
-                    UPCAST,
-                    TMA,
-                    WARP_SPEC,
+                    dk=dk,
+                    dv=dv,
+                    k=k,
+                    v=v,
+                    q_src=q_src,
+                    do_src=do_src,
+                    lse_base=lse_base,
+                    delta_base=delta_base,
+                    dq_base=dq_base,
+                    q_start=q_start,
+                    stride_qt=stride_qt,
+                    stride_dot=stride_dot,
+                    stride_dqt=stride_dqt,
+                    cols=cols,
+                    lo=lo,
+                    hi=hi,
+                    seqlen_q=seqlen_q,
+                    seqlen_k=seqlen_k,
+                    d_lo=d_lo,
+                    d_hi=d_hi,
+                    sm_scale=sm_scale,
+                    softcap=softcap,
+                    BLOCK_M=BLOCK_M,
+                    HEAD_DIM=HEAD_DIM,
+                    HEAD_DIM_V=HEAD_DIM_V,
+                    BLOCK_D=BLOCK_D,
+                    BLOCK_DV=BLOCK_DV,
+                    MASKED=stage != 1,
+                    HAS_LEFT=HAS_LEFT,
+                    HAS_RIGHT=HAS_RIGHT,
+                    SOFTCAP=SOFTCAP,
+                    DQ_MODE=DQ_MODE,
+                    UPCAST=UPCAST,
+                    TMA=TMA,
+                    WARP_SPEC=WARP_SPEC,
                 )
         dk_rows = dk_head + k_start.to(tl.int64) * stride_dkt
         dv_rows = dv_head + k_start.to(tl.int64) * stride_dvt
@@ -931,35 +996,43 @@ def _attention_bwd_dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    head = tl.program_id(1)
-    b = tl.program_id(2)
-    num_seqs = tl.num_programs(2) - 1
+    head, b, num_seqs = _program()
     dq_head = dq_ptr + head * stride_dqh
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
         _fill_padding(
-            dq_head, stride_dqt, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, 0.0, HEAD_DIM, BLOCK_D, BLOCK_M
+            base_ptr=dq_head,
+            stride_t=stride_dqt,
+            cu_ptr=cu_q_ptr,
+            cup_ptr=cup_q_ptr,
+            b=b,
+            num_seqs=num_seqs,
+            num_rows=rows_q,
+            value=0.0,
+            WIDTH=HEAD_DIM,
+            BLOCK_W=BLOCK_D,
+            BLOCK_R=BLOCK_M,
         )
     if b == num_seqs:
         return
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
-        cu_q_ptr,
-        cup_q_ptr,
-        cu_k_ptr,
-        cup_k_ptr,
-        pos_q_ptr,
-        pos_k_ptr,
-        b,
-        rows_q,
-        rows_k,
-        window_left,
-        window_right,
-        HAS_POSITIONS,
+        cu_q_ptr=cu_q_ptr,
+        cup_q_ptr=cup_q_ptr,
+        cu_k_ptr=cu_k_ptr,
+        cup_k_ptr=cup_k_ptr,
+        pos_q_ptr=pos_q_ptr,
+        pos_k_ptr=pos_k_ptr,
+        b=b,
+        rows_q=rows_q,
+        rows_k=rows_k,
+        window_left=window_left,
+        window_right=window_right,
+        HAS_POSITIONS=HAS_POSITIONS,
     )
     kv_head = head // GROUP
-    q_base = q_ptr + q_start.to(tl.int64) * stride_qt + head * stride_qh
-    do_base = do_ptr + q_start.to(tl.int64) * stride_dot + head * stride_doh
-    k_base = k_ptr + k_start.to(tl.int64) * stride_kt + kv_head * stride_kh
-    v_base = v_ptr + k_start.to(tl.int64) * stride_vt + kv_head * stride_vh
+    q_base = _rows_at(q_ptr, q_start, stride_qt, head, stride_qh)
+    do_base = _rows_at(do_ptr, q_start, stride_dot, head, stride_doh)
+    k_base = _rows_at(k_ptr, k_start, stride_kt, kv_head, stride_kh)
+    v_base = _rows_at(v_ptr, k_start, stride_vt, kv_head, stride_vh)
     k_src = _row_source(k_base, seqlen_k, stride_kt, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     v_src = _row_source(v_base, seqlen_k, stride_vt, HEAD_DIM_V, BLOCK_N, BLOCK_DV, TMA)
     offs_d = tl.arange(0, BLOCK_D)
@@ -974,40 +1047,47 @@ def _attention_bwd_dq_kernel(
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         last = tl.minimum(m_block * BLOCK_M + BLOCK_M, seqlen_q) - 1
         a, b_, c, end = _tile_ranges(
-            m_block * BLOCK_M, last, d_lo, d_hi, seqlen_k, BLOCK_N, HAS_LEFT, HAS_RIGHT
+            t0=m_block * BLOCK_M,
+            t_last=last,
+            d_lo=d_lo,
+            d_hi=d_hi,
+            partners=seqlen_k,
+            BLOCK=BLOCK_N,
+            HAS_LO=HAS_LEFT,
+            HAS_HI=HAS_RIGHT,
         )
         for stage in tl.static_range(3):  # masked left edge, tiles seen in full, masked right edge
             lo, hi = _stage_bounds(stage, a, b_, c, end)
             dq = _bwd_q_tiles(
-                dq,
-                q,
-                do,
-                lse,
-                delta,
-                k_src,
-                v_src,
-                stride_kt,
-                stride_vt,
-                rows,
-                lo,
-                hi,
-                seqlen_k,
-                d_lo,
-                d_hi,
-                sm_scale,
-                softcap,
-                BLOCK_N,
-                HEAD_DIM,
-                HEAD_DIM_V,
-                BLOCK_D,
-                BLOCK_DV,
-                stage != 1,
-                HAS_LEFT,
-                HAS_RIGHT,
-                SOFTCAP,
-                UPCAST,
-                TMA,
-                WARP_SPEC,
+                dq=dq,
+                q=q,
+                do=do,
+                lse=lse,
+                delta=delta,
+                k_src=k_src,
+                v_src=v_src,
+                stride_kt=stride_kt,
+                stride_vt=stride_vt,
+                rows=rows,
+                lo=lo,
+                hi=hi,
+                seqlen_k=seqlen_k,
+                d_lo=d_lo,
+                d_hi=d_hi,
+                sm_scale=sm_scale,
+                softcap=softcap,
+                BLOCK_N=BLOCK_N,
+                HEAD_DIM=HEAD_DIM,
+                HEAD_DIM_V=HEAD_DIM_V,
+                BLOCK_D=BLOCK_D,
+                BLOCK_DV=BLOCK_DV,
+                MASKED=stage != 1,
+                HAS_LEFT=HAS_LEFT,
+                HAS_RIGHT=HAS_RIGHT,
+                SOFTCAP=SOFTCAP,
+                UPCAST=UPCAST,
+                TMA=TMA,
+                WARP_SPEC=WARP_SPEC,
             )
         dq_rows = dq_head + q_start.to(tl.int64) * stride_dqt
         if ACCUMULATE:  # add this launch's part to what the rows hold

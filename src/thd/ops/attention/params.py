@@ -1,12 +1,21 @@
-"""The two typed objects every attention layer passes along: where the rows are, and what to compute."""
+"""The typed objects every attention layer passes along: where the rows are (:class:`VarlenLayout`),
+what to compute (:class:`AttentionOptions`), what the backward reads (:class:`SavedForBackward`),
+and one call of each phase (:class:`ForwardCall`, :class:`BackwardCall`: what a kernel family's
+``supports_*`` and ``forward``/``backward`` take).
+
+Their fields are the single list of a call's arguments: the custom ops' schema is generated from
+them (:mod:`thd.ops.attention.schema`), so a new option is a new field here plus its use in the
+kernels.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from torch import Tensor
 
-__all__ = ["AttentionOptions", "VarlenLayout"]
+__all__ = ["AttentionOptions", "BackwardCall", "ForwardCall", "SavedForBackward", "VarlenLayout"]
 
 
 @dataclass(frozen=True)
@@ -88,3 +97,49 @@ class AttentionOptions:
     def is_masked(self) -> bool:
         """Whether any key of a sequence may be hidden from a query of it."""
         return self.window_left >= 0 or self.window_right >= 0
+
+    def with_deterministic(self) -> AttentionOptions:
+        """These options with ``deterministic=True`` (cached: the same object on every call)."""
+        if self.deterministic:
+            return self
+        cached = self.__dict__.get("_deterministic")
+        if cached is None:
+            cached = replace(self, deterministic=True)
+            object.__setattr__(self, "_deterministic", cached)
+        return cached
+
+
+class SavedForBackward(NamedTuple):
+    """What the backward of one attention call reads: its inputs and its ``(out, lse)`` (possibly
+    merged over several calls by a ring), and the ``sinks`` it ran with."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    out: Tensor
+    lse: Tensor
+    sinks: Tensor | None = None
+
+
+class ForwardCall(NamedTuple):
+    """One forward: ``q [Tq, Hq, D]``, ``k [Tk, Hkv, D]``, ``v [Tk, Hkv, Dv]``, where and what, the
+    optional ``sinks [Hq]`` and ``accumulate=(out, lse)``, a partial result to merge into in place."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    layout: VarlenLayout
+    options: AttentionOptions
+    sinks: Tensor | None = None
+    accumulate: tuple[Tensor, Tensor] | None = None
+
+
+class BackwardCall(NamedTuple):
+    """One backward: the output gradient ``do``, what the forward saved, where and what, and the
+    optional ``accumulate=(dq, dk, dv)`` (fp32 buffers shaped like q, k, v) to add the gradients to."""
+
+    do: Tensor
+    saved: SavedForBackward
+    layout: VarlenLayout
+    options: AttentionOptions
+    accumulate: tuple[Tensor, Tensor, Tensor] | None = None

@@ -18,13 +18,16 @@ Meta ``q`` gives meta outputs of the right shapes (no lengths are read).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor
 
-from thd.ops.attention.params import AttentionOptions, VarlenLayout
+from thd.ops.attention.params import AttentionOptions, BackwardCall, ForwardCall, VarlenLayout
 from thd.ops.attention.spans import clamped_spans as sequence_spans
+from thd.ops.lse_merge.reference import merge_partials_reference
 
-__all__ = ["attention", "attention_backward", "attention_forward", "sequence_spans"]
+__all__ = ["attention", "backward", "differentiable_forward", "forward", "sequence_spans"]
 
 
 def _spans(
@@ -138,9 +141,23 @@ def attention(
     and ignored.
     """
     del max_seqlen_q, max_seqlen_kv, deterministic
+    layout = VarlenLayout(cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    layout = replace(layout, positions_q=positions_q, positions_kv=positions_kv)
+    options = AttentionOptions(
+        softmax_scale=float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale),
+        causal=causal,
+        window_size=tuple(window_size),  # type: ignore[arg-type]
+        softcap=float(softcap),
+    )
+    out, lse = differentiable_forward(q, k, v, layout, options, sinks)
+    return (out, lse) if return_lse else out
+
+
+def differentiable_forward(
+    q: Tensor, k: Tensor, v: Tensor, layout: VarlenLayout, options: AttentionOptions, sinks: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """``(out, lse)`` of :func:`attention`, through autograd."""
     num_heads = q.shape[1]
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    options = AttentionOptions(float(scale), causal, tuple(window_size), float(softcap))  # type: ignore[arg-type]
     ct = _compute_dtype(q)
     # A zero-valued anchor tied to q, k, v through empty slices (no element is read, so NaN in
     # padding rows cannot leak): backward then works, with zero gradients, even when the
@@ -148,8 +165,8 @@ def attention(
     anchor = (q[:0].sum() + k[:0].sum() + v[:0].sum()).to(ct)
     out = q.new_zeros(q.shape[0], num_heads, v.shape[-1], dtype=ct) + anchor
     lse = q.new_full((num_heads, q.shape[0]), float("-inf"), dtype=ct)
-    q_spans, kv_spans = _spans(q, k, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
-    diagonals = _diagonals(q_spans, kv_spans, positions_q, positions_kv)
+    q_spans, kv_spans = _layout_spans(q, k, layout)
+    diagonals = _diagonals(q_spans, kv_spans, layout.positions_q, layout.positions_kv)
     for (q0, lq), (k0, lk), diagonal in zip(q_spans, kv_spans, diagonals, strict=True):
         if lq == 0:
             continue
@@ -162,51 +179,39 @@ def attention(
         lse = lse.index_copy(1, rows, lse_b)
     out = out.to(q.dtype)
     lse = lse if ct == torch.float64 else lse.float()
-    return (out, lse) if return_lse else out
+    return out, lse
+
+
+def _layout_spans(
+    q: Tensor, k: Tensor, layout: VarlenLayout
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    return _spans(
+        q,
+        k,
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_kv,
+        layout.cu_seqlens_q_padded,
+        layout.cu_seqlens_kv_padded,
+    )
 
 
 @torch.no_grad()
-def attention_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    layout: VarlenLayout,
-    options: AttentionOptions,
-    sinks: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Forward without autograd: returns ``(out, lse)``."""
-    out, lse = attention(
-        q,
-        k,
-        v,
-        layout.cu_seqlens_q,
-        layout.cu_seqlens_kv,
-        cu_seqlens_q_padded=layout.cu_seqlens_q_padded,
-        cu_seqlens_kv_padded=layout.cu_seqlens_kv_padded,
-        positions_q=layout.positions_q,
-        positions_kv=layout.positions_kv,
-        causal=options.causal,
-        softmax_scale=options.softmax_scale,
-        window_size=options.window_size,
-        softcap=options.softcap,
-        sinks=sinks,
-        return_lse=True,
-    )
+def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
+    """Forward without autograd: ``(out, lse)``; with ``call.accumulate=(out, lse)`` the log-sum-exp
+    merge of that partial result and this call's, written into it (the kernel families' contract)."""
+    q, k, v, layout, options, sinks, accumulate = call
+    part = differentiable_forward(q, k, v, layout, options, sinks)
+    if accumulate is None:
+        return part
+    out, lse = accumulate
+    merged_out, merged_lse = merge_partials_reference([accumulate, part], out.dtype)
+    out.copy_(merged_out)
+    lse.copy_(merged_lse)
     return out, lse
 
 
 @torch.no_grad()
-def attention_backward(
-    do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    layout: VarlenLayout,
-    options: AttentionOptions,
-    sinks: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Flash-style backward from saved ``out`` and ``lse`` (which may come from a merge).
 
     ``P = exp(S - lse)``, ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * out))``,
@@ -214,16 +219,16 @@ def attention_backward(
     softcap); ``dsinks[h] = -sum_i exp(sinks[h] - lse_i) * rowsum(dO * out)_i``. Rows with
     ``lse = -inf`` contribute nothing; NaN (in ``lse`` or the real rows) propagates. Returns
     ``dq, dk, dv`` in the input dtypes, exact zeros on padding rows, and ``dsinks`` (or None).
+    With ``call.accumulate=(dq, dk, dv)`` the gradients are added into those buffers instead.
     """
-    cu_seqlens_q, cu_seqlens_kv = layout.cu_seqlens_q, layout.cu_seqlens_kv
-    cu_seqlens_q_padded, cu_seqlens_kv_padded = layout.cu_seqlens_q_padded, layout.cu_seqlens_kv_padded
+    do, (q, k, v, out, lse, sinks), layout, options, accumulate = call
     softmax_scale = options.softmax_scale
     num_heads, group = q.shape[1], q.shape[1] // k.shape[1]
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
     dsinks = None if sinks is None else torch.zeros(num_heads, dtype=torch.float32, device=q.device)
-    q_spans, kv_spans = _spans(q, k, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    q_spans, kv_spans = _layout_spans(q, k, layout)
     diagonals = _diagonals(q_spans, kv_spans, layout.positions_q, layout.positions_kv)
     for (q0, lq), (k0, lk), diagonal in zip(q_spans, kv_spans, diagonals, strict=True):
         if lq == 0:
@@ -256,4 +261,8 @@ def attention_backward(
         dk[k0 : k0 + lk] += dk_b.unflatten(1, (-1, group)).sum(2)
         dv[k0 : k0 + lk] += dv_b.unflatten(1, (-1, group)).sum(2)
     dsinks_out = None if dsinks is None else dsinks.to(sinks.dtype)  # type: ignore[union-attr]
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks_out
+    if accumulate is None:
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks_out
+    for buffer, grad, like in zip(accumulate, (dq, dk, dv), (q, k, v), strict=True):
+        buffer.add_(grad.to(like.dtype))  # zero on every row outside the layout's real rows
+    return (*accumulate, dsinks_out)

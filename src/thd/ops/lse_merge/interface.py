@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from thd._triton import runs_triton
+from thd._runtime.families import runs_triton
+from thd._runtime.launcher import launcher_for
 from thd.errors import ThdTypeError, ThdValueError
 from thd.ops.lse_merge.reference import merge_partials_reference
 
@@ -31,8 +32,8 @@ def _merge_two(
         return out, lse
     block_dv = triton.next_power_of_2(head_dim_v)
     block_t = max(1, min(64, 8192 // block_dv))
-    _lse_merge_fwd_kernel[(triton.cdiv(num_rows, block_t), num_heads)](
-        out_a, lse_a, out_b, lse_b, out, lse, num_rows,
+    launcher_for(_lse_merge_fwd_kernel).run(
+        (triton.cdiv(num_rows, block_t), num_heads), out_a, lse_a, out_b, lse_b, out, lse, num_rows,
         out_a.stride(0), out_a.stride(1), out_b.stride(0), out_b.stride(1), out.stride(0), out.stride(1),
         lse_a.stride(0), lse_b.stride(0), lse.stride(0),
         HEAD_DIM_V=head_dim_v, BLOCK_DV=block_dv, BLOCK_T=block_t,

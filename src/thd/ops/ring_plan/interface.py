@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from thd._triton import runs_triton
+from thd._runtime.families import runs_triton
+from thd._runtime.launcher import launcher_for
 from thd.ops.ring_plan.reference import ring_plan_tables_reference
 
 __all__ = ["ring_plan_tables"]
@@ -34,7 +35,15 @@ def ring_plan_tables(cu_seqlens: Tensor, cu_seqlens_padded: Tensor, cp_size: int
 
     out = torch.empty(3 * cp_size + 2, num_seqs + 2, dtype=torch.int32, device=cu_seqlens.device)
     block = min(_BLOCK, max(16, 1 << num_seqs.bit_length()))
-    _ring_plan_kernel[(3 * cp_size + 2,)](
-        cu_seqlens, cu_seqlens_padded, out, num_seqs, cp_size, out.stride(0), EXACT=exact, BLOCK=block
+    launcher_for(_ring_plan_kernel).run(
+        (3 * cp_size + 2,),
+        cu_seqlens,
+        cu_seqlens_padded,
+        out,
+        num_seqs,
+        cp_size,
+        out.stride(0),
+        EXACT=exact,
+        BLOCK=block,
     )
     return out

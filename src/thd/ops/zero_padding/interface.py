@@ -10,7 +10,9 @@ import functools
 import torch
 from torch import Tensor
 
-from thd._triton import interpreting, runs_triton
+from thd._runtime.config import interpreting
+from thd._runtime.families import runs_triton
+from thd._runtime.launcher import launcher_for
 from thd.errors import ThdTypeError, ThdValueError
 from thd.layout import check_cu_metadata
 from thd.ops.zero_padding.reference import zero_padding_masked_
@@ -90,7 +92,8 @@ def _launch(x: Tensor, cu: Tensor, cup: Tensor, pad_between_seqs: bool) -> None:
     splits_tail = min(max_splits, target)
     splits_slot = min(max_splits, max(1, target // max(num_slots, 1)))
     grid = (num_slots * splits_slot + splits_tail,)
-    _zero_padding_fwd_kernel[grid](
+    launcher_for(_zero_padding_fwd_kernel).run(
+        grid,
         x,
         cu,
         cup,

@@ -45,14 +45,15 @@ from __future__ import annotations
 
 import inspect
 import operator
-import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["KernelLauncher", "enabled", "reload_settings"]
+from thd._runtime import config
+
+__all__ = ["KernelLauncher", "enabled", "ensure_scratch_allocator", "launcher_for", "reload_settings"]
 
 REVIEWED_TRITON_VERSIONS = ("3.6.0", "3.9.0")
 """Triton releases whose ``JITFunction.run``, ``CompiledKernel`` and CUDA launcher were read."""
@@ -152,9 +153,9 @@ def reload_settings() -> None:
 def _resolve() -> _Triton | None:
     global _state, _state_ready, _mode
     if not _state_ready:
-        _mode = os.environ.get("THD_FAST_LAUNCH", "1").strip().lower()
+        _mode = config.fast_launch_mode()
         state = None
-        if _mode not in _OFF and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        if _mode not in _OFF and not config.interpreting():
             try:
                 state = _Triton(force=_mode == "force", verify_all=_mode == "verify")
                 if state.knobs.runtime.interpret:
@@ -389,3 +390,29 @@ class KernelLauncher:
             return False
         triton_key = state.compute_cache_key(kernel_key_cache, specialization, bound_options)
         return kernel_cache.get(triton_key) is kernel
+
+
+_LAUNCHERS: dict[int, KernelLauncher] = {}
+
+
+def launcher_for(fn: Any) -> KernelLauncher:
+    """The one :class:`KernelLauncher` of ``fn`` (made on first use): how every op launches."""
+    found = _LAUNCHERS.get(id(fn))
+    if found is None or found.fn is not fn:
+        found = _LAUNCHERS[id(fn)] = KernelLauncher(fn)
+    return found
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cpu" if config.kernel_settings().interpret else "cuda")
+
+
+def ensure_scratch_allocator() -> None:
+    """Device-side tensor descriptors live in a global scratch that Triton allocates per launch
+    through a per-thread (context-variable) allocator: set one in the launching thread (autograd's
+    backward runs in a thread of its own)."""
+    import triton
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)

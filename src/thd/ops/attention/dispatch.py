@@ -1,0 +1,161 @@
+"""Low-level entry points of the attention op: one call, no argument checks, the implementation
+chosen per call among the reference and the kernel families (:data:`FAMILIES`).
+
+:func:`forward_call` and :func:`backward_call` are what :func:`thd.attention`, its custom ops and
+the context-parallel ring call once their arguments are checked (the ring checks its own and
+builds every layout and accumulator). :func:`runs_kernels` says whether a call on a tensor would
+take the kernels, :func:`kernel_choice` which family ran the latest call (benchmarks report it).
+
+Families take one typed call (:class:`ForwardCall`, :class:`BackwardCall`): the reference
+(:mod:`thd.ops.attention.reference`), ``tl`` (:mod:`thd.ops.attention.launch`, the default) and
+``gluon`` (``thd.ops.attention.gluon``, written against the positional contract and adapted by
+:class:`PositionalFamily`; tried first on sm_90 devices when it imports and its ``supports_*``
+accepts the call). ``THD_KERNELS=tl|gluon`` forces one (see :mod:`thd._runtime.families` for the
+rules, an unsupported forced family included).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from thd._capture import is_capturing
+from thd._runtime.families import Choice, FamilyRegistry, OptionalFamily
+from thd.errors import ThdValueError
+from thd.ops.attention import reference
+from thd.ops.attention.params import BackwardCall, ForwardCall, VarlenLayout
+
+__all__ = [
+    "FAMILIES",
+    "PositionalFamily",
+    "backward_call",
+    "forward_call",
+    "kernel_choice",
+    "resolve_max_seqlens",
+    "runs_kernels",
+]
+
+
+class PositionalFamily:
+    """A family module written against the positional contract (``launch.forward``'s of old):
+    ``supports_forward(q, k, v, layout, options, sinks=None, accumulate=None)`` and ``forward``
+    alike; ``supports_backward(do, q, k, v, out, lse, layout, options, sinks=None,
+    accumulate=None)`` and ``backward`` alike. Adapts it to the typed calls; the one place that
+    spells those lists."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    @staticmethod
+    def _backward_args(call: BackwardCall) -> tuple:
+        q, k, v, out, lse, sinks = call.saved
+        return call.do, q, k, v, out, lse, call.layout, call.options, sinks, call.accumulate
+
+    def supports_forward(self, call: ForwardCall) -> bool:
+        return bool(self.module.supports_forward(*call))
+
+    def forward(self, call: ForwardCall) -> tuple[Tensor, Tensor]:
+        return self.module.forward(*call)  # type: ignore[no-any-return]
+
+    def supports_backward(self, call: BackwardCall) -> bool:
+        return bool(self.module.supports_backward(*self._backward_args(call)))
+
+    def backward(self, call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        return self.module.backward(*self._backward_args(call))  # type: ignore[no-any-return]
+
+
+def _load_tl():  # type: ignore[no-untyped-def]
+    from thd.ops.attention import launch  # imports Triton: on first use only
+
+    return launch
+
+
+def _load_gluon() -> PositionalFamily:
+    from thd.ops.attention import gluon  # type: ignore[attr-defined]  # written in parallel; may be absent
+
+    return PositionalFamily(gluon)
+
+
+_SM90: dict[int, bool] = {}
+
+
+def _on_sm90(x: Tensor) -> bool:
+    """Whether ``x`` lives on a compute-capability 9.0 GPU (cached per device)."""
+    if not x.is_cuda:
+        return False
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    found = _SM90.get(index)
+    if found is None:
+        found = _SM90[index] = torch.cuda.get_device_capability(index) == (9, 0)
+    return found
+
+
+FAMILIES = FamilyRegistry(
+    op="attention",
+    reference=reference,
+    default_name="tl",
+    load_default=_load_tl,
+    optional={"gluon": OptionalFamily(load=_load_gluon, auto=_on_sm90)},
+)
+
+
+def runs_kernels(x: Tensor) -> bool:
+    """Whether an attention call on ``x`` runs a kernel family (else the torch reference)."""
+    return not FAMILIES.runs_reference("forward", x)
+
+
+def kernel_choice(phase: str = "forward") -> Choice | None:
+    """Which implementation ran the latest ``"forward"`` or ``"backward"`` call, and why."""
+    return FAMILIES.last(phase)
+
+
+def _max_seqlen(name: str, cu: Tensor, given: int | None) -> int:
+    if given is not None:
+        return int(given)
+    if is_capturing():
+        raise ThdValueError(
+            f"attention: {name} is None during CUDA-graph capture; pass the maximum real "
+            "sequence length as an int (deriving it needs a device-to-host read)"
+        )
+    if cu.numel() < 2 or cu.is_meta:  # meta tensors: shapes only, no lengths to read
+        return 0
+    return int((cu[1:] - cu[:-1]).max().item())
+
+
+def resolve_max_seqlens(layout: VarlenLayout) -> VarlenLayout:
+    """``layout`` with both ``max_seqlen_*`` ints (one device-to-host read per missing bound)."""
+    if layout.max_seqlen_q is not None and layout.max_seqlen_kv is not None:
+        return layout
+    return layout.with_max_seqlens(
+        _max_seqlen("max_seqlen_q", layout.cu_seqlens_q, layout.max_seqlen_q),
+        _max_seqlen("max_seqlen_kv", layout.cu_seqlens_kv, layout.max_seqlen_kv),
+    )
+
+
+def forward_call(call: ForwardCall) -> tuple[Tensor, Tensor]:
+    """Unchecked forward: ``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)``, or ``call.accumulate=(out, lse)``
+    with this call's keys merged into it in place (see :func:`thd.ops.attention.attention_forward`)."""
+    if FAMILIES.runs_reference("forward", call.q):
+        return reference.forward(call)
+    layout = call.layout
+    if layout.max_seqlen_q is None or layout.max_seqlen_kv is None:
+        call = call._replace(layout=resolve_max_seqlens(layout))
+    return FAMILIES.choose("forward", call.q, call).forward(call)  # type: ignore[no-any-return]
+
+
+def backward_call(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Unchecked backward: ``(dq, dk, dv, dsinks)``, exact zeros on padding rows; with
+    ``call.accumulate=(dq, dk, dv)`` (fp32, shaped like q, k, v) the gradients are added into those
+    buffers on this layout's real rows only. ``torch.use_deterministic_algorithms`` implies
+    ``options.deterministic``."""
+    if not call.options.deterministic and torch.are_deterministic_algorithms_enabled():
+        call = call._replace(options=call.options.with_deterministic())
+    q = call.saved.q
+    if FAMILIES.runs_reference("backward", q):
+        return reference.backward(call)
+    layout = call.layout
+    if layout.max_seqlen_q is None or layout.max_seqlen_kv is None:
+        call = call._replace(layout=resolve_max_seqlens(layout))
+    return FAMILIES.choose("backward", q, call).backward(call)  # type: ignore[no-any-return]
