@@ -1,7 +1,7 @@
 """``thd._runtime.families``: which implementation runs an attention call.
 
-A fake ``gluon`` family module (the positional contract the real one is written against, adapted
-by ``PositionalFamily`` as the real one is), injected through the attention registry, records
+A fake ``gluon`` family (the typed-call interface of ``thd.ops.attention.gluon.family``),
+injected through the attention registry, records
 what it is asked and runs the reference; the tests drive the real selection (environment, device
 predicate, loading, ``supports_*``) and check who ran each call, what :func:`kernel_choice`
 reports and the errors of a forced family that cannot run.
@@ -19,32 +19,37 @@ import thd
 from thd._runtime.families import FamilyRegistry, OptionalFamily
 from thd.errors import ThdValueError
 from thd.ops.attention import dispatch, kernel_choice, reference
-from thd.ops.attention.dispatch import PositionalFamily
-from thd.ops.attention.params import BackwardCall, ForwardCall, SavedForBackward
+from thd.ops.attention.params import BackwardCall, ForwardCall
 
 
 class FakeFamily:
-    """A kernel family that accepts calls by a rule, runs the reference and logs each call."""
+    """A kernel family that accepts calls by a rule, runs the reference and logs each call;
+    ``prefers``: what its ``auto_*`` answer (``None``: it has no ``auto_*``)."""
 
-    def __init__(self, forward_ok: bool = True, backward_ok: bool = True) -> None:
+    def __init__(
+        self, forward_ok: bool = True, backward_ok: bool = True, prefers: bool | None = None
+    ) -> None:
         self.forward_ok, self.backward_ok = forward_ok, backward_ok
         self.calls: list[str] = []
+        if prefers is not None:
+            self.auto_forward = self.auto_backward = lambda call: prefers
 
-    def supports_forward(self, q, k, v, layout, options, sinks=None, accumulate=None) -> bool:  # type: ignore[no-untyped-def]
+    def supports_forward(self, call: ForwardCall) -> bool:
         return self.forward_ok
 
-    def supports_backward(self, do, q, k, v, out, lse, layout, options, sinks=None, accumulate=None) -> bool:  # type: ignore[no-untyped-def]
+    def supports_backward(self, call: BackwardCall) -> bool:
         return self.backward_ok
 
-    def forward(self, q, k, v, layout, options, sinks=None, accumulate=None):  # type: ignore[no-untyped-def]
-        assert layout.max_seqlen_q is not None and layout.max_seqlen_kv is not None  # resolved first
+    def forward(self, call: ForwardCall):  # type: ignore[no-untyped-def]
+        assert (
+            call.layout.max_seqlen_q is not None and call.layout.max_seqlen_kv is not None
+        )  # resolved first
         self.calls.append("forward")
-        return reference.forward(ForwardCall(q, k, v, layout, options, sinks, accumulate))
+        return reference.forward(call)
 
-    def backward(self, do, q, k, v, out, lse, layout, options, sinks=None, accumulate=None):  # type: ignore[no-untyped-def]
+    def backward(self, call: BackwardCall):  # type: ignore[no-untyped-def]
         self.calls.append("backward")
-        saved = SavedForBackward(q, k, v, out, lse, sinks)
-        return reference.backward(BackwardCall(do, saved, layout, options, accumulate))
+        return reference.backward(call)
 
 
 @pytest.fixture
@@ -53,7 +58,7 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[FamilyRegistry]:
     tensors sent to the kernels (``THD_ATTENTION_BACKEND=triton``); restored afterwards."""
     families = dispatch.FAMILIES
     saved = (dict(families._loaded), dict(families._missing), dict(families._last), dict(families.optional))
-    families.register("tl", PositionalFamily(FakeFamily()))
+    families.register("tl", FakeFamily())
     monkeypatch.setitem(
         families.optional, "gluon", OptionalFamily(load=families.optional["gluon"].load, auto=lambda x: True)
     )
@@ -87,8 +92,8 @@ def _oracle() -> torch.Tensor:
 
 
 def test_auto_prefers_gluon_where_it_supports_the_call(registry: FamilyRegistry) -> None:
-    gluon, tl = FakeFamily(), registry._loaded["tl"].module
-    registry.register("gluon", PositionalFamily(gluon))
+    gluon, tl = FakeFamily(), registry._loaded["tl"]
+    registry.register("gluon", gluon)
     torch.testing.assert_close(_run(), _oracle())
     assert gluon.calls == ["forward", "backward"] and tl.calls == []
     assert kernel_choice("forward").family == kernel_choice("backward").family == "gluon"  # type: ignore[union-attr]
@@ -96,17 +101,31 @@ def test_auto_prefers_gluon_where_it_supports_the_call(registry: FamilyRegistry)
 
 
 def test_auto_falls_back_per_phase_and_records_why(registry: FamilyRegistry) -> None:
-    gluon, tl = FakeFamily(backward_ok=False), registry._loaded["tl"].module
-    registry.register("gluon", PositionalFamily(gluon))
+    gluon, tl = FakeFamily(backward_ok=False), registry._loaded["tl"]
+    registry.register("gluon", gluon)
     _run()
     assert gluon.calls == ["forward"] and tl.calls == ["backward"]
     choice = kernel_choice("backward")
     assert choice is not None and (choice.family, choice.reason) == ("tl", "gluon does not support the call")
 
 
+@pytest.mark.parametrize("prefers", [True, False])
+def test_auto_takes_gluon_only_where_it_prefers_the_call(registry: FamilyRegistry, prefers: bool) -> None:
+    gluon, tl = FakeFamily(prefers=prefers), registry._loaded["tl"]
+    registry.register("gluon", gluon)
+    torch.testing.assert_close(_run(), _oracle())
+    ran, idle = (gluon, tl) if prefers else (tl, gluon)
+    assert ran.calls == ["forward", "backward"] and idle.calls == []
+    choice = kernel_choice("backward")
+    assert choice is not None
+    assert (choice.family, choice.reason) == (
+        ("gluon", "auto") if prefers else ("tl", "gluon measured slower for the call")
+    )
+
+
 def test_auto_skips_gluon_off_its_devices(registry: FamilyRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
-    gluon, tl = FakeFamily(), registry._loaded["tl"].module
-    registry.register("gluon", PositionalFamily(gluon))
+    gluon, tl = FakeFamily(), registry._loaded["tl"]
+    registry.register("gluon", gluon)
     monkeypatch.setattr(registry.optional["gluon"], "auto", lambda x: False)  # e.g. not an sm_90 GPU
     _run()
     assert gluon.calls == [] and tl.calls == ["forward", "backward"]
@@ -120,14 +139,14 @@ def test_missing_gluon_module_is_unavailable_not_an_error(registry: FamilyRegist
     registry.forget("gluon")
     registry.optional["gluon"] = OptionalFamily(load=missing, auto=lambda x: True)
     torch.testing.assert_close(_run(), _oracle())
-    assert registry._loaded["tl"].module.calls == ["forward", "backward"]
+    assert registry._loaded["tl"].calls == ["forward", "backward"]
     assert kernel_choice("forward").reason == "gluon unavailable"  # type: ignore[union-attr]
     assert "No module named" in registry.why_missing("gluon")
 
 
 def test_forced_family_runs_or_raises(registry: FamilyRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
-    gluon, tl = FakeFamily(forward_ok=False), registry._loaded["tl"].module
-    registry.register("gluon", PositionalFamily(gluon))
+    gluon, tl = FakeFamily(forward_ok=False), registry._loaded["tl"]
+    registry.register("gluon", gluon)
     monkeypatch.setenv("THD_KERNELS", "tl")
     _run()
     assert tl.calls == ["forward", "backward"] and gluon.calls == []
@@ -152,11 +171,11 @@ def test_reference_backend_bypasses_the_families(
     registry: FamilyRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gluon = FakeFamily()
-    registry.register("gluon", PositionalFamily(gluon))
+    registry.register("gluon", gluon)
     monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
     monkeypatch.setenv("THD_KERNELS", "gluon")  # the reference wins: no kernel family runs at all
     torch.testing.assert_close(_run(), _oracle())
-    assert gluon.calls == [] and registry._loaded["tl"].module.calls == []
+    assert gluon.calls == [] and registry._loaded["tl"].calls == []
     choice = kernel_choice("forward")
     assert choice is not None and (choice.family, choice.reason) == (
         "reference",

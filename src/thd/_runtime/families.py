@@ -14,7 +14,8 @@ Choice, per call (settings from :mod:`thd._runtime.config`):
    raises :class:`~thd.errors.ThdValueError` with the reason: a forced family never silently
    becomes another one (a benchmark or a test that asked for it would measure the wrong kernels).
 3. ``THD_KERNELS=auto`` (default): the first optional family whose ``auto`` predicate holds for the
-   call (e.g. an sm_90 device), that is available and supports the call; else the default family.
+   call (e.g. an sm_90 device), that is available, supports the call and prefers it (its optional
+   ``auto_forward(call)`` / ``auto_backward(call)``: where it measured faster); else the default family.
 
 :meth:`FamilyRegistry.last` tells which family ran the last call of each phase, and why.
 """
@@ -141,10 +142,14 @@ class FamilyRegistry:
             if family is None:
                 reason = f"{name} unavailable"
                 continue
-            if getattr(family, f"supports_{phase}")(call):
+            if not getattr(family, f"supports_{phase}")(call):
+                reason = f"{name} does not support the call"
+                continue
+            prefers = getattr(family, f"auto_{phase}", None)
+            if prefers is None or prefers(call):
                 self._last[phase] = Choice(name, "auto")
                 return family
-            reason = f"{name} does not support the call"
+            reason = f"{name} measured slower for the call"
         default = self._loaded.get(self.default_name) or self.family(self.default_name)
         choice = self._last.get(phase)
         if choice is None or choice.family != self.default_name or choice.reason != reason:

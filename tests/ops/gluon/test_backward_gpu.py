@@ -24,7 +24,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from thd.ops.attention import launch, reference  # noqa: E402
+from tests.ops.gluon._tl import tl_backward, tl_forward  # noqa: E402
+from thd.ops.attention import reference  # noqa: E402
 from thd.ops.attention.gluon import backward as gluon_backward  # noqa: E402
 from thd.ops.attention.params import AttentionOptions, VarlenLayout  # noqa: E402
 
@@ -57,7 +58,7 @@ def _varlen(layout: Layout) -> VarlenLayout:
 def _case(layout: Layout, heads: tuple[int, int], dim: int, dtype: torch.dtype, options: AttentionOptions):
     q, k, v, do = make_qkv(layout, heads[0], heads[1], dim, dim, dtype, DEVICE)
     varlen = _varlen(layout)
-    out, lse = launch.forward(q, k, v, varlen, options)
+    out, lse = tl_forward(q, k, v, varlen, options)
     real_q = layout.real_rows("q", DEVICE)
     do = poison_rows(do, real_q)
     out = poison_rows(out, real_q)  # the backward reads neither on padding rows
@@ -103,7 +104,7 @@ def _check(layout: Layout, got, tl_grads, ref: dict[str, Tensor], limit: float =
 
 def _both(do, q, k, v, out, lse, varlen, options, **kwargs):
     got = gluon_backward.backward(do, q, k, v, out, lse, varlen, options, **kwargs)
-    tl_grads = launch.backward(do, q, k, v, out, lse, varlen, options, **kwargs)
+    tl_grads = tl_backward(do, q, k, v, out, lse, varlen, options, **kwargs)
     return got, tl_grads
 
 
@@ -149,7 +150,7 @@ def test_window_and_sinks(window) -> None:
     sinks = torch.randn(4, device=DEVICE)
     q, k, v, do = make_qkv(layout, 4, 2, 128, 128, torch.bfloat16, DEVICE)
     varlen = _varlen(layout)
-    out, lse = launch.forward(q, k, v, varlen, options, sinks=sinks)
+    out, lse = tl_forward(q, k, v, varlen, options, sinks=sinks)
     do = poison_rows(do, layout.real_rows("q", DEVICE))
     got, tl_grads = _both(do, q, k, v, out, lse, varlen, options, sinks=sinks)
     ref = _reference_grads(q, k, v, do, layout, options, sinks)
@@ -168,7 +169,7 @@ def test_accumulate_adds_on_real_rows_only() -> None:
         buffers = tuple(s.clone() for s in start)
         got = gluon_backward.backward(do, q, k, v, out, lse, varlen, opts, accumulate=buffers)
         assert all(g is b for g, b in zip(got[:3], buffers, strict=True))
-        fresh = launch.backward(do, q, k, v, out, lse, varlen, opts)
+        fresh = tl_backward(do, q, k, v, out, lse, varlen, opts)
         for name, g, s, f, side in zip(GRADS, got[:3], start, fresh[:3], "qkk", strict=True):
             real = layout.real_rows("q" if side == "q" else "kv", DEVICE)
             assert torch.equal(g[~real], s[~real]), f"{name}: a padding row changed"

@@ -20,7 +20,7 @@ from tests._helpers import (
     make_qkv,
     poisoned_allocations,
 )
-from thd.ops.attention import launch, reference
+from tests.ops.gluon._tl import reference_forward, tl_forward
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 pytestmark = pytest.mark.gpu
@@ -58,7 +58,7 @@ def _varlen(layout: Layout) -> VarlenLayout:
 
 
 def _reference(q, k, v, varlen: VarlenLayout, options: AttentionOptions, sinks=None):  # type: ignore[no-untyped-def]
-    return reference.attention_forward(
+    return reference_forward(
         q.double(), k.double(), v.double(), varlen, options, None if sinks is None else sinks.double()
     )
 
@@ -122,7 +122,7 @@ def test_forward_matches_tl_forward() -> None:
     """Same inputs through the ``tl`` forward: both kernels agree on real rows and padding."""
     layout = LAYOUTS["slots128"]
     q, k, v, varlen, out, lse = _run(layout, 4, 2, 128, 128, BF16, AttentionOptions(128**-0.5, causal=True))
-    tl_out, tl_lse = launch.forward(q, k, v, varlen, AttentionOptions(128**-0.5, causal=True))
+    tl_out, tl_lse = tl_forward(q, k, v, varlen, AttentionOptions(128**-0.5, causal=True))
     real = layout.real_rows("q", "cuda")
     assert_close(out[real], tl_out[real], "out vs tl", atol=1.6e-2, rtol=1.6e-2)
     assert_close(lse, tl_lse, "lse vs tl", atol=1e-4, rtol=0.0)
@@ -139,7 +139,7 @@ def test_forward_accumulate_matches_tl() -> None:
     k2, v2 = torch.randn_like(k), torch.randn_like(v)
     varlen = _varlen(layout)
     options = AttentionOptions(128**-0.5, causal=True)
-    first = launch.forward(q, k, v, varlen, options)
+    first = tl_forward(q, k, v, varlen, options)
     partial_tl = (first[0].float(), first[1].clone())
     partial_gl = (first[0].float(), first[1].clone())
     sentinel = 7.0
@@ -147,7 +147,7 @@ def test_forward_accumulate_matches_tl() -> None:
     for out, lse in (partial_tl, partial_gl):
         out[~real] = sentinel
         lse[:, ~real] = sentinel
-    launch.forward(q, k2, v2, varlen, AttentionOptions(128**-0.5), accumulate=partial_tl)
+    tl_forward(q, k2, v2, varlen, AttentionOptions(128**-0.5), accumulate=partial_tl)
     assert gluon_forward.supports_forward(q, k2, v2, varlen, options, accumulate=partial_gl)
     gluon_forward.forward(q, k2, v2, varlen, AttentionOptions(128**-0.5), accumulate=partial_gl)
     assert_close(partial_gl[0][real], partial_tl[0][real], "accumulated out", atol=2e-2, rtol=2e-2)

@@ -8,15 +8,13 @@ take the kernels, :func:`kernel_choice` which family ran the latest call (benchm
 
 Families take one typed call (:class:`ForwardCall`, :class:`BackwardCall`): the reference
 (:mod:`thd.ops.attention.reference`), ``tl`` (:mod:`thd.ops.attention.launch`, the default) and
-``gluon`` (``thd.ops.attention.gluon``, written against the positional contract and adapted by
-:class:`PositionalFamily`; tried first on sm_90 devices when it imports and its ``supports_*``
-accepts the call). ``THD_KERNELS=tl|gluon`` forces one (see :mod:`thd._runtime.families` for the
+``gluon`` (:mod:`thd.ops.attention.gluon.family`; on sm_90 devices ``auto`` takes it where it
+imports, its ``supports_*`` accepts the call and its ``auto_*`` prefers it: where it measured
+faster than tl). ``THD_KERNELS=tl|gluon`` forces one (see :mod:`thd._runtime.families` for the
 rules, an unsupported forced family included).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,7 +27,6 @@ from thd.ops.attention.params import BackwardCall, ForwardCall, VarlenLayout
 
 __all__ = [
     "FAMILIES",
-    "PositionalFamily",
     "backward_call",
     "forward_call",
     "kernel_choice",
@@ -38,44 +35,16 @@ __all__ = [
 ]
 
 
-class PositionalFamily:
-    """A family module written against the positional contract (``launch.forward``'s of old):
-    ``supports_forward(q, k, v, layout, options, sinks=None, accumulate=None)`` and ``forward``
-    alike; ``supports_backward(do, q, k, v, out, lse, layout, options, sinks=None,
-    accumulate=None)`` and ``backward`` alike. Adapts it to the typed calls; the one place that
-    spells those lists."""
-
-    def __init__(self, module: Any) -> None:
-        self.module = module
-
-    @staticmethod
-    def _backward_args(call: BackwardCall) -> tuple:
-        q, k, v, out, lse, sinks = call.saved
-        return call.do, q, k, v, out, lse, call.layout, call.options, sinks, call.accumulate
-
-    def supports_forward(self, call: ForwardCall) -> bool:
-        return bool(self.module.supports_forward(*call))
-
-    def forward(self, call: ForwardCall) -> tuple[Tensor, Tensor]:
-        return self.module.forward(*call)  # type: ignore[no-any-return]
-
-    def supports_backward(self, call: BackwardCall) -> bool:
-        return bool(self.module.supports_backward(*self._backward_args(call)))
-
-    def backward(self, call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        return self.module.backward(*self._backward_args(call))  # type: ignore[no-any-return]
-
-
 def _load_tl():  # type: ignore[no-untyped-def]
     from thd.ops.attention import launch  # imports Triton: on first use only
 
     return launch
 
 
-def _load_gluon() -> PositionalFamily:
-    from thd.ops.attention import gluon  # type: ignore[attr-defined]  # written in parallel; may be absent
+def _load_gluon():  # type: ignore[no-untyped-def]
+    from thd.ops.attention.gluon import family  # imports Triton's Gluon: on first use only
 
-    return PositionalFamily(gluon)
+    return family
 
 
 _SM90: dict[int, bool] = {}

@@ -1,0 +1,40 @@
+"""``thd.ops.attention.gluon.family`` on CPU tensors: the family never claims a call it cannot run
+(no GPU, interpreter), and ``auto`` prefers it only where it measured faster than tl."""
+
+from __future__ import annotations
+
+import torch
+
+from thd.ops.attention.gluon import family
+from thd.ops.attention.params import (
+    AttentionOptions,
+    BackwardCall,
+    ForwardCall,
+    SavedForBackward,
+    VarlenLayout,
+)
+
+
+def _calls(dim: int) -> tuple[ForwardCall, BackwardCall]:
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    q, k, v = (torch.randn(12, 2, dim, dtype=torch.bfloat16) for _ in range(3))
+    layout = VarlenLayout(cu, cu, max_seqlen_q=7, max_seqlen_kv=7)
+    options = AttentionOptions(dim**-0.5, causal=True)
+    lse = torch.zeros(2, 12)
+    saved = SavedForBackward(q, k, v, torch.zeros_like(q), lse)
+    return ForwardCall(q, k, v, layout, options), BackwardCall(torch.zeros_like(q), saved, layout, options)
+
+
+def test_cpu_calls_are_not_supported() -> None:
+    for dim in (64, 128):
+        forward, backward = _calls(dim)
+        assert not family.supports_forward(forward)
+        assert not family.supports_backward(backward)
+
+
+def test_auto_preference_follows_the_measurements() -> None:
+    for dim in (64, 128):
+        forward, backward = _calls(dim)
+        assert not family.auto_forward(forward)
+        assert family.auto_backward(backward) == (dim in family.AUTO_BACKWARD_HEAD_DIMS)
+    assert family.AUTO_BACKWARD_HEAD_DIMS == (128,)

@@ -1,0 +1,66 @@
+"""``thd.attention`` end to end on the Gluon family (H200): the public call, its custom ops and
+``torch.compile(fullgraph=True)`` with ``THD_KERNELS=gluon`` against the same calls on ``tl``, and
+which family ``THD_KERNELS=auto`` picks per phase (the measured preference of
+``thd.ops.attention.gluon.family``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import thd
+from tests._helpers import assert_close, assert_rows_equal, make_layout, make_qkv
+from thd.ops.attention import kernel_choice
+
+pytestmark = pytest.mark.gpu
+
+LAYOUT = make_layout("slots", [300, 1, 128, 77, 517], pad_q=[84, 127, 0, 51, 123], capacity_q=5)
+TOL = {torch.bfloat16: 3e-2, torch.float16: 5e-3}
+
+
+@pytest.fixture(autouse=True)
+def _sm90() -> None:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+
+
+def _step(family: str, monkeypatch: pytest.MonkeyPatch, dim: int, dtype: torch.dtype, compiled: bool):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("THD_KERNELS", family)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = make_qkv(LAYOUT, 8, 2, dim, dim, dtype, "cuda", generator=gen)
+    for t in (q, k, v):
+        t.requires_grad_()
+    kwargs = LAYOUT.kwargs("cuda")
+
+    def call(q, k, v):  # type: ignore[no-untyped-def]
+        return thd.attention(q, k, v, causal=True, **kwargs)
+
+    fn = torch.compile(call, fullgraph=True) if compiled else call
+    out = fn(q, k, v)
+    out.backward(do)
+    choices = (kernel_choice("forward"), kernel_choice("backward"))
+    return out.detach(), q.grad, k.grad, v.grad, choices
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_gluon_family_through_thd_attention(
+    monkeypatch: pytest.MonkeyPatch, dim: int, compiled: bool
+) -> None:
+    dtype = torch.bfloat16
+    *gluon, gluon_choices = _step("gluon", monkeypatch, dim, dtype, compiled)
+    *tl, tl_choices = _step("tl", monkeypatch, dim, dtype, compiled)
+    assert [c.family for c in gluon_choices] == ["gluon", "gluon"]
+    assert [c.family for c in tl_choices] == ["tl", "tl"]
+    rows = {"out": "q", "dq": "q", "dk": "kv", "dv": "kv"}
+    for (name, side), g, t in zip(rows.items(), gluon, tl, strict=True):
+        real = LAYOUT.real_rows(side, "cuda")
+        assert_rows_equal(g, ~real, 0.0, f"gluon {name} padding")
+        assert_close(g[real], t[real], f"gluon vs tl {name}", atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_auto_picks_the_measured_faster_family(monkeypatch: pytest.MonkeyPatch, dim: int) -> None:
+    *_, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False)
+    assert forward.family == "tl" and forward.reason == "gluon measured slower for the call"
+    assert backward.family == ("gluon" if dim == 128 else "tl")
