@@ -39,17 +39,6 @@ def _is_causal(module: torch.nn.Module, is_causal: bool | None) -> bool:
     return bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
 
 
-def _longest(layout: Layout) -> int:
-    """Longest query or key sequence of ``layout`` (a host sync only when a bound is unknown)."""
-    bounds = []
-    for given, cu in (
-        (layout.max_seqlen_q, layout.cu_seqlens_q),
-        (layout.max_seqlen_kv, layout.cu_seqlens_kv),
-    ):
-        bounds.append(given if given is not None else int((cu[1:] - cu[:-1]).max()))
-    return max(bounds)
-
-
 def _local(
     q: Tensor,
     k: Tensor,
@@ -60,21 +49,8 @@ def _local(
     scale: float | None,
     features: dict[str, Any],
 ) -> Tensor:
-    extra = feature_kwargs(thd.attention, causal=causal, longest=lambda: _longest(layout), **features)
-    out = thd.attention(
-        q,
-        k,
-        v,
-        layout.cu_seqlens_q,
-        layout.cu_seqlens_kv,
-        cu_seqlens_q_padded=layout.cu_seqlens_q_padded,
-        cu_seqlens_kv_padded=layout.cu_seqlens_kv_padded,
-        max_seqlen_q=layout.max_seqlen_q,
-        max_seqlen_kv=layout.max_seqlen_kv,
-        causal=causal,
-        softmax_scale=scale,
-        **extra,
-    )
+    extra = feature_kwargs(causal=causal, **features)
+    out = thd.attention(q, k, v, **layout.kwargs(), causal=causal, softmax_scale=scale, **extra)
     assert isinstance(out, Tensor)
     return out
 
@@ -103,7 +79,7 @@ def _ring(
             f"thd attention: the batch was sharded for cp={layout.cp_size}, the registered group has "
             f"{dist.get_world_size(group)} ranks"
         )
-    extra = feature_kwargs(ring_attention, causal=causal, longest=lambda: layout.max_seqlen, **features)
+    extra = feature_kwargs(causal=causal, **features)
     out = ring_attention(
         q,
         k,
