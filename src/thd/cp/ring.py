@@ -67,6 +67,7 @@ from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = [
     "RingAttentionFunction",
+    "Saved",
     "launch_backward",
     "launch_forward",
     "path_counts",
@@ -138,6 +139,11 @@ def _host_reads_allowed(q: Tensor, max_seqlen_q: int | None, max_seqlen_kv: int 
     return not is_capturing() and (q.device.type != "cuda" or max_seqlen_q is None or max_seqlen_kv is None)
 
 
+Saved = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]
+"""What a backward reads: ``(q, k, v, out, lse, sinks)``, with ``out``/``lse`` merged over the ring
+and ``k``/``v`` the K/V block of the step."""
+
+
 def _tag(step: int, kind: int) -> int:
     """Base p2p tag of a step's message kind; the tensors of one message take ``base + index``."""
     return 4 * step + 2 * kind
@@ -163,18 +169,14 @@ def launch_forward(
 def launch_backward(
     launch: Launch,
     do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
+    saved: Saved,
     options: AttentionOptions,
-    sinks: Tensor | None = None,
     accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dsinks)`` of one launch from the merged ``out`` and ``lse``; ``dsinks``
     (over the launch's real query rows) only when it carries the sinks. With
     ``accumulate=(dq, dk, dv)`` (fp32) the gradients are added into those buffers instead."""
+    q, k, v, out, lse, sinks = saved
     return _attention("_backward")(
         do,
         q,
@@ -262,13 +264,8 @@ def _ring_forward(
 def _backward_step(
     launches: tuple[Launch, ...],
     do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
+    saved: Saved,
     options: AttentionOptions,
-    sinks: Tensor | None,
     dq_acc: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """``(dq, dk, dv, dsinks)`` of one step (``None`` where no launch contributes). Plain
@@ -277,36 +274,30 @@ def _backward_step(
     input dtypes; ``dq`` is then ``dq_acc`` and ``dsinks`` the fp32 sum of the launches' parts."""
     if dq_acc is None:
         (launch,) = launches
-        return launch_backward(launch, do, q, k, v, out, lse, options, sinks)
+        return launch_backward(launch, do, saved, options)
     if not launches:
         return None, None, None, None
+    k, v = saved[1], saved[2]
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     dsinks = None
     for launch in launches:
-        ds_i = launch_backward(launch, do, q, k, v, out, lse, options, sinks, accumulate=(dq_acc, dk, dv))[3]
+        ds_i = launch_backward(launch, do, saved, options, accumulate=(dq_acc, dk, dv))[3]
         if ds_i is not None:
             dsinks = ds_i.float() if dsinks is None else dsinks.add_(ds_i)
     return dq_acc, dk.to(k.dtype), dv.to(v.dtype), dsinks
 
 
 def _ring_backward(
-    do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    sinks: Tensor | None,
-    plan: RingPlan,
-    comm: RingComm,
-    overlap: bool,
+    do: Tensor, saved: Saved, plan: RingPlan, comm: RingComm, overlap: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Reverse ring: at step ``i`` rank ``r`` holds K/V of rank ``(r + 1 + i) mod cp`` and the
     partial dK/dV of that block (summed over the ranks that held it before), adds its own part
     and passes both on; at the last step the block is its own and the gradient is complete.
-    ``dsinks`` is this rank's part (its real query rows), from the launches that carry sinks."""
+    ``saved`` holds the K/V of rank ``r + 1``, where the reverse ring starts. ``dsinks`` is this
+    rank's part (its real query rows), from the launches that carry sinks."""
     cp, r, options = plan.cp_size, plan.cp_rank, plan.options
+    q, k, v, out, lse, sinks = saved
     # windowed: one fp32 dQ buffer every launch of every step adds into
     window_dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if plan.windowed else None
     dq_acc: Tensor | None = window_dq
@@ -325,9 +316,8 @@ def _ring_backward(
         pending = comm.start(ops)
         if not overlap:
             pending.wait()
-        dq_i, dk_i, dv_i, ds_i = _backward_step(
-            plan.steps[j], do, q, k, v, out, lse, options, sinks, window_dq
-        )
+        step_saved = (q, k, v, out, lse, sinks)
+        dq_i, dk_i, dv_i, ds_i = _backward_step(plan.steps[j], do, step_saved, options, window_dq)
         if ds_i is not None:
             dsinks = ds_i if dsinks is None else dsinks + ds_i
         if window_dq is not None or dq_i is None:
@@ -403,10 +393,11 @@ class RingAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse, sinks = ctx.saved_tensors  # type: ignore[attr-defined]
         if plan.cp_size == 1:
             (single,) = plan.steps[0]
-            dq, dk, dv, dsinks = launch_backward(single, dout, q, k, v, out, lse, plan.options, sinks)
+            dq, dk, dv, dsinks = launch_backward(single, dout, (q, k, v, out, lse, sinks), plan.options)
             _clean_padding(plan, grads=(dq, dk, dv))
         else:  # k, v: the K/V of rank r + 1, where the reverse ring starts
-            dq, dk, dv, dsinks = _ring_backward(dout, q, k, v, out, lse, sinks, plan, ctx.comm, ctx.overlap)  # type: ignore[attr-defined]
+            saved = (q, k, v, out, lse, sinks)
+            dq, dk, dv, dsinks = _ring_backward(dout, saved, plan, ctx.comm, ctx.overlap)  # type: ignore[attr-defined]
         if sinks is None:
             dsinks = None
         elif dsinks is None:  # no real query row on this rank
