@@ -22,13 +22,13 @@ A provider that is not installed, or does not offer what a shape needs, raises `
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 import torch
-from _common import document_lengths, error_text, offsets, package_version
+from _common import document_lengths, error_text, offsets, offsets_tensor, package_version
 from torch import Tensor
 
 __all__ = [
@@ -196,33 +196,18 @@ def make_problem(
         torch.randn(rows, heads, head_dim, device=device, generator=gen, dtype=torch.bfloat16)
         for _ in range(4)
     )
-    cu_list, slot_list = offsets(lengths), offsets(slots)
     real = torch.zeros(rows, dtype=torch.bool)
-    for start, n in zip(slot_list, lengths, strict=False):
+    for start, n in zip(offsets(slots), lengths, strict=False):
         real[start : start + n] = True
     sinks = None
     if variant.sinks:
         sinks = torch.randn(heads, device=device, generator=gen).to(torch.bfloat16).float()
-
-    def i32(values: Sequence[int]) -> Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=device)
-
     return Problem(
-        spec=spec,
-        lengths=lengths,
-        heads=heads,
-        head_dim=head_dim,
-        q=q,
-        k=k,
-        v=v,
-        do=do,
-        cu=i32(cu_list),
-        cu_slots=i32(slot_list),
-        seqused=i32(lengths),
-        real_rows=real.to(device),
-        variant=variant,
-        sinks=sinks,
-    )
+        spec=spec, lengths=lengths, heads=heads, head_dim=head_dim, q=q, k=k, v=v, do=do,
+        cu=offsets_tensor(lengths, device), cu_slots=offsets_tensor(slots, device),
+        seqused=torch.tensor(lengths, dtype=torch.int32, device=device),
+        real_rows=real.to(device), variant=variant, sinks=sinks,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- thd
