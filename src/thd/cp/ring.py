@@ -494,19 +494,11 @@ def ring_attention(
     sync_ok = _host_reads_allowed(q, max_seqlen_q, max_seqlen_kv)
     error: Exception | None = None
     options = AttentionOptions(1.0)
+    given = VarlenLayout(
+        cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv
+    )  # as passed: checked below
     try:
-        check_metadata(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            cu_seqlens_q_padded,
-            cu_seqlens_kv_padded,
-            causal,
-            max_seqlen_q,
-            max_seqlen_kv,
-        )
+        check_metadata(q, k, v, given, causal)
         options = check_variants(q, causal, softmax_scale, window_size, softcap, sinks)
     except ThdError as exc:
         error = exc
@@ -515,31 +507,15 @@ def ring_attention(
     elif error is not None:
         raise error
     if sync_ok:
-        check_values(
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            cu_seqlens_q_padded,
-            cu_seqlens_kv_padded,
-            cp,
-            q.shape[0],
-            k.shape[0],
-            causal,
-            max_seqlen_q,
-            max_seqlen_kv,
-        )
-    cup_q = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
-    cup_kv = cu_seqlens_kv if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded
+        check_values(given, cp, q.shape[0], k.shape[0], causal)
+    cup_q, cup_kv = given.slots_q, given.slots_kv
     pad = _resolve_pad(pad_between_seqs, cu_seqlens_q, cu_seqlens_q_padded, cp)
     if pad_between_seqs is None and not pad:
         pad = _resolve_pad(None, cu_seqlens_kv, cu_seqlens_kv_padded, cp)
     max_slots = sync_ok and pad and cp > 1  # the largest slots tighten the grid bounds: one read each
-    layout = VarlenLayout(
-        cu_seqlens_q,
-        cu_seqlens_kv,
-        cup_q,
-        cup_kv,
-        max_seqlen_q=resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
-        max_seqlen_kv=resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
+    layout = given.with_max_seqlens(
+        resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
+        resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
     )
     request = PlanRequest(
         layout,
