@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import random
 import shlex
 import statistics
 import subprocess
@@ -34,11 +35,16 @@ __all__ = [
     "bench_back_to_back",
     "bench_ms",
     "command_line",
+    "cuda_missing",
+    "document_lengths",
     "env_fingerprint",
     "error_text",
     "host_time_us",
     "make_record",
+    "offsets",
+    "offsets_tensor",
     "package_version",
+    "sync",
     "visible_pairs",
     "write_json",
 ]
@@ -48,6 +54,48 @@ MODE_FLOP_FACTORS: dict[str, float] = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 QUANTILES = (0.5, 0.2, 0.8)
 # Settings that change what is measured (THD_AUTOTUNE=0 pins one config per kernel).
 _ENV_VARS = ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")  # recorded besides every THD_* setting
+
+
+def cuda_missing(script: str, device: str, needs: str = "a CUDA GPU") -> bool:
+    """Whether a ``--device cuda`` run has no GPU (then says so on stderr: the script exits 1)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"{script}: needs {needs} (or --device cpu for a smoke test)", file=sys.stderr)
+        return True
+    return False
+
+
+def document_lengths(total: int, lo: int, hi: int, seed: int) -> list[int]:
+    """Uniform random lengths in ``[lo, hi]`` filling exactly ``total`` tokens (the last one cut)."""
+    rng = random.Random(seed)
+    lengths: list[int] = []
+    used = 0
+    while used < total:
+        n = min(rng.randint(lo, hi), total - used)
+        lengths.append(n)
+        used += n
+    return lengths
+
+
+def offsets(lengths: Iterable[int]) -> list[int]:
+    """``[0, l0, l0 + l1, ...]``: the cumulative offsets of ``lengths``."""
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+def offsets_tensor(lengths: Iterable[int], device: torch.device | str) -> torch.Tensor:
+    """:func:`offsets` as an int32 tensor on ``device`` (``cu_seqlens`` / ``cu_seqlens_padded``)."""
+    return torch.tensor(offsets(lengths), dtype=torch.int32, device=device)
+
+
+def sync(device: torch.device | str | None = None) -> None:
+    """Wait for the GPU: ``device`` when it is a CUDA device, any GPU when ``None``; no-op on CPU."""
+    if device is None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    elif torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def visible_pairs(len_q: int, len_kv: int, *, causal: bool, window_left: int | None = None) -> float:

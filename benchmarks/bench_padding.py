@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from _common import bench_ms, env_fingerprint, error_text, make_record, write_json
+from _common import bench_ms, env_fingerprint, error_text, make_record, offsets_tensor, sync, write_json
 from torch import Tensor
 
 from thd.ops.zero_padding.reference import zero_padding_masked_
@@ -40,11 +40,6 @@ HIT_GOAL_US = 5.0
 SPEEDUP_GOAL = 10.0
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def host_us(fn: Callable[[], object], *, calls: int, repeats: int = 7) -> dict[str, float]:
     """Median / min host microseconds per call over ``repeats`` loops of ``calls`` calls."""
     per_call = []
@@ -57,12 +52,7 @@ def host_us(fn: Callable[[], object], *, calls: int, repeats: int = 7) -> dict[s
 
 
 def _layout(lengths: Sequence[int], slots: Sequence[int], device: torch.device) -> tuple[Tensor, Tensor]:
-    cu, cup = [0], [0]
-    for n, p in zip(lengths, slots, strict=True):
-        cu.append(cu[-1] + n)
-        cup.append(cup[-1] + p)
-    as_t = lambda v: torch.tensor(v, dtype=torch.int32, device=device)
-    return as_t(cu), as_t(cup)
+    return offsets_tensor(lengths, device), offsets_tensor(slots, device)
 
 
 def bench_detection(device: torch.device, num_seqs: int) -> dict[str, Any]:
@@ -83,7 +73,7 @@ def bench_detection(device: torch.device, num_seqs: int) -> dict[str, Any]:
             clear_detection_cache()
             detect_pad_between_seqs(same_cu, same_cup, cp_size=cp_size)
 
-        _sync(device)
+        sync(device)
         clear_cost = host_us(clear_detection_cache, calls=2_000)
         missed = host_us(miss, calls=500)
         missed["median_us"] -= clear_cost["median_us"]
@@ -162,7 +152,7 @@ def bench_zeroing(
                 _check(name, kind, x, expected, fn)
                 timing = bench_ms(fn, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
                 host = host_us(fn, calls=200, repeats=3)
-                _sync(device)
+                sync(device)
                 medians[name] = timing["median_ms"]
                 records.append(
                     make_record(
@@ -199,7 +189,7 @@ def bench_zeroing(
 def _check(name: str, kind: str, x: Tensor, expected: Tensor, fn: Callable[[], object]) -> None:
     """Run ``fn`` once on ``x`` (which it zeroes in place) and compare with the oracle."""
     fn()
-    _sync(x.device)
+    sync(x.device)
     if not torch.equal(x, expected):
         bad = int((x != expected).any(dim=(1, 2)).sum())
         raise AssertionError(f"{name} on {kind}: {bad} rows differ from masked_fill")

@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import random
 import sys
 import tempfile
 import time
@@ -60,7 +59,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _common import attention_flops, command_line, env_fingerprint, error_text, make_record, write_json
+from _common import (
+    attention_flops,
+    command_line,
+    cuda_missing,
+    document_lengths,
+    env_fingerprint,
+    error_text,
+    make_record,
+    offsets_tensor,
+    sync,
+    write_json,
+)
 from torch import Tensor
 
 MIXES: dict[str, tuple[int, int]] = {"1024-8192": (1024, 8192), "4096-32768": (4096, 32768)}
@@ -79,29 +89,8 @@ def goal(mode: str, heads: int, kv_heads: int) -> float | None:
     return 0.95 if mode == "fwd_bwd" else None
 
 
-def document_lengths(total: int, lo: int, hi: int, seed: int) -> list[int]:
-    """Uniform random lengths in ``[lo, hi]`` filling exactly ``total`` tokens (the last one cut)."""
-    rng = random.Random(seed)
-    lengths: list[int] = []
-    while sum(lengths) < total:
-        lengths.append(min(rng.randint(lo, hi), total - sum(lengths)))
-    return lengths
-
-
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
-
-
-def _cumsum(values: Sequence[int], device: torch.device) -> Tensor:
-    out = [0]
-    for n in values:
-        out.append(out[-1] + n)
-    return torch.tensor(out, dtype=torch.int32, device=device)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _rank_max(values: Sequence[float], device: torch.device, op: Any = None) -> list[float]:
@@ -117,7 +106,7 @@ def _time_ms(fn: Callable[[], object], warmup: int, iters: int, device: torch.de
     """
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     dist.barrier()
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -141,14 +130,14 @@ def _host_us(fn: Callable[[], object], warmup: int, calls: int, device: torch.de
     """Host wall clock per call while queuing ``calls`` calls, and until the GPU is done (max over ranks)."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     dist.barrier()
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
     t1 = time.perf_counter()
-    _sync(device)
+    sync(device)
     t2 = time.perf_counter()
     host, wall = _rank_max([(t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6], device)
     return {"host_us": host, "wall_us": wall}
@@ -241,7 +230,7 @@ def run_shape(
     device = torch.device(args.device_now)
     # Single GPU: `tokens` packed documents.
     local = document_lengths(tokens, lo, hi, args.seed)
-    cu1 = _cumsum(local, device)
+    cu1 = offsets_tensor(local, device)
     max1 = max(local)
     single = lambda q, k, v: thd.attention(
         q, k, v, cu1, cu1, max_seqlen_q=max1, max_seqlen_kv=max1, causal=True
@@ -263,7 +252,7 @@ def run_shape(
     if layout == "aligned":
         lens = [_round_up(n, m) for n in lens]
     slots = [_round_up(n, m) for n in lens]
-    cu, cup = _cumsum(lens, device), _cumsum(slots, device)
+    cu, cup = offsets_tensor(lens, device), offsets_tensor(slots, device)
     longest, pad = max(lens), lens != slots
     rows = sum(slots)
     ring_shape = {**shape, "docs": len(lens), "max_doclen": longest, "global_rows": rows, "padding": pad}
@@ -355,10 +344,10 @@ def host_times(cp: int, rank: int, args: argparse.Namespace) -> list[dict[str, A
     heads, dim, m = args.heads, args.head_dim, 2 * cp
     lens = [300, 97, 11 * m]  # padded slots: the exact per-rank-count path
     slots = [_round_up(n, m) for n in lens]
-    cu, cup = _cumsum(lens, device), _cumsum(slots, device)
+    cu, cup = offsets_tensor(lens, device), offsets_tensor(slots, device)
     rows, longest = sum(slots), max(lens)
     local = document_lengths(rows // cp, 64, 256, args.seed)
-    cu1 = _cumsum(local, device)
+    cu1 = offsets_tensor(local, device)
     single = lambda q, k, v: thd.attention(
         q, k, v, cu1, cu1, max_seqlen_q=max(local), max_seqlen_kv=max(local), causal=True
     )
@@ -497,7 +486,7 @@ def host_profile(cp: int, rank: int, args: argparse.Namespace) -> list[dict[str,
     heads, dim, m = 2, 16, 2 * cp
     lens = [300, 97, 11 * m]  # the host-time problem: padded slots, the exact per-rank-count path
     slots = [_round_up(n, m) for n in lens]
-    cu, cup = _cumsum(lens, device), _cumsum(slots, device)
+    cu, cup = offsets_tensor(lens, device), offsets_tensor(slots, device)
     rows, longest = sum(slots), max(lens)
     ring = lambda q, k, v: ring_attention(
         q, k, v, cu, cu, cup, cup, causal=True, pad_between_seqs=True, max_seqlen_q=longest,
@@ -717,8 +706,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench_ring: needs CUDA GPUs (or --device cpu for a smoke test)", file=sys.stderr)
+    if cuda_missing("bench_ring", args.device, "CUDA GPUs"):
         return 1
     for name, value in RANK_ENV.items():  # inherited by the spawned ranks
         os.environ.setdefault(name, value)

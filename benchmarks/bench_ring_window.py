@@ -32,15 +32,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import bench_ring
 import torch
 from _common import (
     attention_flops,
     bench_back_to_back,
     command_line,
+    cuda_missing,
+    document_lengths,
     env_fingerprint,
     error_text,
     make_record,
+    offsets_tensor,
     write_json,
 )
 from torch import Tensor
@@ -71,15 +73,15 @@ class RingLayout:
         return self.lengths != self.slots
 
 
-def document_lengths(total: int, mix: str, seed: int) -> list[int]:
-    """:func:`bench_ring.document_lengths` of ``mix``; ``one-document``: a single document of ``total``."""
+def mix_lengths(total: int, mix: str, seed: int) -> list[int]:
+    """:func:`_common.document_lengths` of ``mix``; ``one-document``: a single document of ``total``."""
     bounds = MIXES[mix]
-    return [total] if bounds is None else bench_ring.document_lengths(total, *bounds, seed)
+    return [total] if bounds is None else document_lengths(total, *bounds, seed)
 
 
 def make_layout(cp: int, tokens_per_rank: int, mix: str, seed: int) -> RingLayout:
     """``cp * tokens_per_rank`` tokens of ``mix``, each slot the length rounded up to ``2 * cp``."""
-    lengths = document_lengths(cp * tokens_per_rank, mix, seed)
+    lengths = mix_lengths(cp * tokens_per_rank, mix, seed)
     slots = [-(-n // (2 * cp)) * (2 * cp) for n in lengths]
     return RingLayout(cp, tuple(lengths), tuple(slots))
 
@@ -111,8 +113,8 @@ def rank_plan(layout: RingLayout, rank: int, schedule: str, window: int, scale: 
     from thd.cp.plan import PlanRequest, build_plan
     from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
-    cu = bench_ring._cumsum(layout.lengths, device)
-    cup = bench_ring._cumsum(layout.slots, device)
+    cu = offsets_tensor(layout.lengths, device)
+    cup = offsets_tensor(layout.slots, device)
     longest = max(layout.lengths)
     window_size = (-1, -1) if schedule == "causal" else (window, 0)
     slot = max(layout.slots) if layout.padded else None
@@ -244,8 +246,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench_ring_window: needs a CUDA GPU (or --device cpu for a smoke test)", file=sys.stderr)
+    if cuda_missing("bench_ring_window", args.device):
         return 1
     if args.device == "cpu":
         os.environ.setdefault("THD_ATTENTION_BACKEND", "reference")

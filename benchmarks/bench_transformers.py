@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import random
 import statistics
 import sys
 import time
@@ -54,7 +53,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import attention_flops, command_line, env_fingerprint, error_text, make_record, write_json
+from _common import (
+    attention_flops,
+    command_line,
+    document_lengths,
+    env_fingerprint,
+    error_text,
+    make_record,
+    sync,
+    write_json,
+)
 
 PROVIDERS = ("thd", "sdpa", "sdpa_packed", "flex_packed")
 # provider -> (attn_implementation, batch form); every provider trains on the same documents.
@@ -82,15 +90,6 @@ QUICK = {
     "warmup": 1,
     "steps": 2,
 }
-
-
-def document_lengths(total: int, lo: int, hi: int, seed: int) -> list[int]:
-    """Uniform random lengths in ``[lo, hi]`` filling exactly ``total`` tokens (the last one cut)."""
-    rng = random.Random(seed)
-    lengths: list[int] = []
-    while sum(lengths) < total:
-        lengths.append(min(rng.randint(lo, hi), total - sum(lengths)))
-    return lengths
 
 
 def make_documents(lengths: Sequence[int], vocab: int, seed: int) -> list[list[int]]:
@@ -161,11 +160,6 @@ def make_model(args: argparse.Namespace, impl: str, device: torch.device) -> tor
     return model.train()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _release(device: torch.device) -> None:
     """Free the last provider's model, optimizer state and cached blocks."""
     gc.collect()
@@ -229,14 +223,14 @@ def run_provider(
 
     for _ in range(args.warmup):
         step()
-    _sync(device)
+    sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times_ms = []
     for _ in range(args.steps):
         start = time.perf_counter()
         step()
-        _sync(device)
+        sync(device)
         times_ms.append((time.perf_counter() - start) * 1e3)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     cuts = statistics.quantiles(times_ms, n=10, method="inclusive") if len(times_ms) > 1 else times_ms * 9

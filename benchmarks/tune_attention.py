@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import re
 import statistics
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._common import command_line, env_fingerprint
+from benchmarks._common import command_line, document_lengths, env_fingerprint
 from thd._runtime import tiles as tile_policy
 from thd.ops.attention import launch
 from thd.ops.attention.params import (
@@ -83,10 +82,7 @@ SWEEP: dict[str, list[tile_policy.Tile]] = {
 
 
 def _layout(tokens: int, lo: int, hi: int, pad_to: int, device: str) -> tuple[VarlenLayout, int, int]:
-    rng = random.Random(tokens * 7 + lo)
-    lens: list[int] = []
-    while sum(lens) < tokens:
-        lens.append(min(rng.randint(lo, hi), tokens - sum(lens)))
+    lens = document_lengths(tokens, lo, hi, seed=tokens * 7 + lo)
     slots = [-(-n // pad_to) * pad_to for n in lens]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     cup = torch.tensor([0, *torch.tensor(slots).cumsum(0).tolist()], dtype=torch.int32, device=device)

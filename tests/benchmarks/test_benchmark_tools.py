@@ -201,3 +201,162 @@ def test_recorded_command_names_every_thd_setting(monkeypatch: pytest.MonkeyPatc
     assert command.startswith("THD_FWD_MAX_REGISTERS=0 THD_TILES='my tiles.json' ")
     assert command.endswith(" bench_ring_window.py --out r.json")
     assert _common.command_line(["--cp", "2"], "bench_ring.py") == "bench_ring.py --cp 2"
+
+
+# ----------------------------------------------------------------------------- attention benchmark
+
+
+def _attention_modules(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The split attention benchmark, imported as its scripts import one another."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import attention_measure
+    import attention_providers
+    import attention_report
+
+    return attention_providers, attention_measure, attention_report
+
+
+def test_document_lengths_fill_the_total_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import _common
+
+    for total, lo, hi, seed in ((16384, 64, 1024, 0), (1000, 256, 4096, 3), (5, 1, 2, 1)):
+        lengths = _common.document_lengths(total, lo, hi, seed)
+        assert sum(lengths) == total and all(1 <= n <= hi for n in lengths)
+        assert all(n >= lo for n in lengths[:-1])  # only the last one is cut
+        assert lengths == _common.document_lengths(total, lo, hi, seed)
+    assert _common.offsets([3, 0, 5]) == [0, 3, 3, 8]
+    assert _common.offsets_tensor([3, 5], "cpu").tolist() == [0, 3, 8]
+
+
+def _attention_record(
+    provider: str, mode: str, ms: float, shape: dict | None = None, **extra: object
+) -> dict:
+    shape = shape or {"tokens": 16384, "heads": 16, "head_dim": 128, "mix": "64-1024", "slot_multiple": 1}
+    return {"op": "attention", "provider": provider, "mode": mode, "shape": shape, "status": "ok",
+            "median_ms": ms, "tflops": 100.0 / ms, **extra}  # fmt: skip
+
+
+def test_attention_speedups_per_kernel_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every thd provider (each kernel family, and an old file's plain ``thd``) against every peer;
+    goals only where the issue set one (none for cuDNN)."""
+    _, _, report = _attention_modules(monkeypatch)
+    records = [
+        _attention_record("thd-tl", "fwd", 2.0),
+        _attention_record("thd-gluon", "fwd", 1.0),
+        _attention_record("fa4", "fwd", 1.5),
+        _attention_record("cudnn", "fwd", 3.0),
+        {"op": "attention", "provider": "varlen_attn", "mode": "fwd", "shape": {}, "status": "error"},
+    ]
+    (row,) = report.speedups(records)
+    assert row["thd-tl/fa4"] == 0.75 and row["thd-gluon/fa4"] == 1.5
+    assert row["thd-tl/cudnn"] == 1.5 and row["thd-gluon/cudnn"] == 3.0
+    assert row["thd-tl/fa4_meets_goal"] is False and row["thd-gluon/fa4_meets_goal"] is True
+    assert "thd-tl/cudnn_meets_goal" not in row and not any("varlen_attn" in k for k in row)
+    (old,) = report.speedups([_attention_record("thd", "fwd", 1.0), _attention_record("fa4", "fwd", 0.5)])
+    assert old["thd/fa4"] == 0.5 and old["thd/fa4_meets_goal"] is False
+
+
+def test_attention_readme_tables_name_both_families_and_cudnn(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, report = _attention_modules(monkeypatch)
+    records = [
+        _attention_record(p, m, ms)
+        for p, ms in (("thd-tl", 2.0), ("thd-gluon", 1.0), ("fa4", 1.0), ("cudnn", 4.0))
+        for m in ("fwd", "fwd_bwd")
+    ]
+    text = report.markdown_tables({"env": {"device": "H200"}, "records": records})
+    header = next(line for line in text.splitlines() if line.startswith("| tokens"))
+    for col in ("thd tl fwd", "thd gluon fwd+bwd", "cuDNN fwd", "thd gluon/FA4 fwd", "thd tl/cuDNN fwd+bwd"):
+        assert f"| {col} |" in header, (col, header)
+    row = next(line for line in text.splitlines() if line.startswith("| 16k / 64"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[header.strip("|").split("|").index(" thd gluon/FA4 fwd ")] == "1.00"
+    assert cells[header.strip("|").split("|").index(" thd tl/cuDNN fwd ")] == "2.00"
+
+
+class _FakeChoice:
+    def __init__(self, family: str) -> None:
+        self.family = family
+
+
+def test_attention_thd_families_run_under_thd_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``thd-tl`` / ``thd-gluon`` run with THD_KERNELS set around their calls only (restored after),
+    record the family asked for and the one thd says ran; a family thd lacks is ``unavailable``."""
+    import types
+
+    providers, measure, _ = _attention_modules(monkeypatch)
+    seen: list[str | None] = []
+    ran: dict[str, str] = {}
+
+    class Families:
+        def family(self, name: str) -> object | None:
+            return object() if name == "tl" else None
+
+        def why_missing(self, name: str) -> str:
+            return "ImportError: no gluon here"
+
+    fake = types.ModuleType("thd.ops.attention.dispatch")
+    fake.FAMILIES = Families()  # type: ignore[attr-defined]
+    fake.kernel_choice = lambda phase="forward": _FakeChoice(ran[phase])  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "thd.ops.attention.dispatch", fake)
+
+    thd_call = providers._thd_call
+
+    def traced(p):  # type: ignore[no-untyped-def]
+        call = thd_call(p)
+
+        def run(q, k, v):  # type: ignore[no-untyped-def]
+            seen.append(os.environ.get("THD_KERNELS"))
+            ran.update(forward=f"{os.environ.get('THD_KERNELS')}-ran", backward="bwd-ran")
+            return call(q, k, v)
+
+        return run
+
+    monkeypatch.setattr(providers, "_thd_call", traced)
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
+    monkeypatch.delenv("THD_KERNELS", raising=False)
+    p = providers.make_problem(providers.LayoutSpec(48, "64-1024"), 2, 16, 0, "cpu")
+    settings = measure.Settings(rep_ms=1.0, trials=1)
+    records = measure.measure_problem(p, ["thd-tl", "thd-gluon", "cudnn"], settings)
+    by = {(r["provider"], r["mode"]): r for r in records}
+    for mode in ("fwd", "fwd_bwd"):
+        tl = by[("thd-tl", mode)]
+        assert tl["status"] == "ok", tl.get("error")
+        assert (
+            tl["status"] == "ok" and tl["kernel_family_requested"] == "tl" and tl["kernel_family"] == "tl-ran"
+        )
+        assert tl.get("kernel_family_backward") == (None if mode == "fwd" else "bwd-ran")
+        gluon = by[("thd-gluon", mode)]
+        assert gluon["status"] == "unavailable" and "no gluon here" in gluon["error"]
+        assert by[("cudnn", mode)]["status"] == "unavailable"
+    assert set(seen) == {"tl"} and "THD_KERNELS" not in os.environ
+
+
+def test_attention_figure_data_per_workload(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import plot_attention
+
+    d64 = {"tokens": 32768, "heads": 16, "head_dim": 64, "mix": "512-8192", "slot_multiple": 1}
+    padded = {"tokens": 16384, "heads": 16, "head_dim": 128, "mix": "64-1024", "slot_multiple": 64}
+    window = {**d64, "variant": "window4096"}
+    records = [
+        _attention_record("thd-tl", "fwd", 2.0, d64),
+        _attention_record("fa4", "fwd", 1.0, d64),
+        _attention_record("thd-gluon", "fwd", 4.0, padded),
+        _attention_record("flex", "fwd", 1.0, padded),  # not in the figure
+        _attention_record("thd-tl", "fwd", 1.0, window),  # variants are not workloads of the figure
+    ]
+    data = plot_attention.figure_data({"records": records, "commit": "abc"})
+    assert data.workloads == [
+        "D128 16k / 64\u20131024, slots rounded up to 64 rows",
+        "D64 32k / 512\u20138192",
+    ]
+    assert data.providers == ["thd-tl", "thd-gluon", "fa4"]
+    assert data.tflops[("fwd", "thd-tl")] == [None, 50.0] and data.tflops[("fwd", "thd-gluon")] == [
+        25.0,
+        None,
+    ]
+    assert data.tflops[("fwd_bwd", "fa4")] == [None, None] and "abc" in data.title
+    pytest.importorskip("matplotlib")
+    out = plot_attention.plot({"records": records}, tmp_path / "fig" / "attention.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and list(out.parent.iterdir()) == [out]

@@ -125,7 +125,7 @@ def run_ring(
     def backward(r: int, comm: ThreadComm) -> tuple[Tensor, ...]:
         q, _, _, do = shards[r]
         out, lse, k_last, v_last = forward[r]
-        return _ring_backward(do, q, k_last, v_last, out, lse, sinks, plans[r], comm, True)  # type: ignore[arg-type]
+        return _ring_backward(do, (q, k_last, v_last, out, lse, sinks), plans[r], comm, True)  # type: ignore[arg-type]
 
     grads = run_ranks(size, backward)
     return [(f[0], f[1], *g) for f, g in zip(forward, grads, strict=True)]

@@ -244,36 +244,20 @@ def _dense_reference(
         ),
     ],
 )
-def test_feature_is_passed_through_or_refused(
-    feature: str, kwargs: dict[str, Any], ref: dict[str, Any]
-) -> None:
-    """Passed to thd.attention when its signature has the argument, else a clear ThdValueError."""
+def test_feature_is_passed_through(feature: str, kwargs: dict[str, Any], ref: dict[str, Any]) -> None:
+    """The model's softcap, window and sinks reach thd.attention as its keyword arguments."""
     fn = attention_mod.make_attention_function()
-    if feature in features.accepted_kwargs(thd.attention):
-        assert_close(_attn_call(fn, **kwargs), _dense_reference(**ref), feature, **OUT_TOL)
-    else:
-        with pytest.raises(ThdValueError, match="not supported yet"):
-            _attn_call(fn, **kwargs)
+    assert_close(_attn_call(fn, **kwargs), _dense_reference(**ref), feature, **OUT_TOL)
 
 
 def test_window_that_covers_every_document_is_a_no_op() -> None:
-    """Mistral's default 4096-token window on short documents works whatever the thd version."""
+    """A window longer than every document (Mistral's default 4096 tokens) changes nothing."""
     fn = attention_mod.make_attention_function()
     assert_close(_attn_call(fn, sliding_window=11), _dense_reference(), "window 11", **OUT_TOL)
 
 
-@pytest.mark.parametrize("impl", ["stand-in", "thd"])
-def test_window_convention_matches_transformers_sliding_mask(
-    impl: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """(sliding_window - 1, 0), checked against sdpa's sliding mask: through a stand-in that has
-    window_size (the convention, whatever thd.attention accepts) and through thd.attention."""
-    from tests.integrations._window import windowed_attention
-
-    if impl == "stand-in":
-        monkeypatch.setattr(thd, "attention", windowed_attention)
-    elif "window_size" not in features.accepted_kwargs(thd.attention):
-        pytest.skip("this thd.attention has no window_size")
+def test_window_convention_matches_transformers_sliding_mask() -> None:
+    """(sliding_window - 1, 0), checked against sdpa's sliding mask through thd.attention."""
     docs = documents([13, 6, 20], seed=2)
     _assert_same(
         _run_thd("mistral", docs, "cu_seq_lens", sliding_window=5),

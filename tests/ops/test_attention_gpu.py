@@ -95,7 +95,7 @@ def _random_layout(
 
 
 def _bench_layout(tokens: int, lo: int, hi: int, seed: int, *, slot: int = 1, capacity: int = 0) -> Layout:
-    """The benchmark's documents (same generator and seed as ``bench_attention.document_lengths``)."""
+    """The benchmark's documents (same generator and seed as ``benchmarks/_common.document_lengths``)."""
     rng = random.Random(seed)
     lens: list[int] = []
     while sum(lens) < tokens:
@@ -116,7 +116,7 @@ CROSS = make_layout(
     capacity_q=9,
     capacity_kv=0,
 )
-# Benchmark mixes (seed = the mix's index in bench_attention.MIXES), some with slot padding.
+# Benchmark mixes (seed = the mix's index in attention_providers.MIXES), some with slot padding.
 BENCH_16K_SHORT = _bench_layout(16384, 64, 1024, seed=0)
 BENCH_16K_MID_SLOTS64 = _bench_layout(16384, 256, 4096, seed=1, slot=64, capacity=77)
 BENCH_16K_LONG = _bench_layout(16384, 512, 8192, seed=2)

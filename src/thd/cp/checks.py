@@ -10,9 +10,9 @@ from thd import layout as _layout
 from thd._capture import is_capturing
 from thd.cp.comm import RingComm, all_gather_ints
 from thd.errors import ThdDistributedError, ThdValueError
-from thd.ops.attention.arguments import _check_sinks, resolve_options
+from thd.ops.attention.arguments import check_sinks, resolve_options
 from thd.ops.attention.checks import check_layout_tensors, check_max_seqlen, check_qkv
-from thd.ops.attention.params import AttentionOptions
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = [
     "check_metadata",
@@ -26,28 +26,18 @@ __all__ = [
 _FN = "ring_attention"
 
 
-def check_metadata(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_q: Tensor,
-    cu_kv: Tensor,
-    cup_q: Tensor | None,
-    cup_kv: Tensor | None,
-    causal: bool,
-    max_q: int | None,
-    max_kv: int | None,
-) -> None:
-    """Host-only checks: types, shapes, dtypes, devices (never reads device memory)."""
+def check_metadata(q: Tensor, k: Tensor, v: Tensor, given: VarlenLayout, causal: bool) -> None:
+    """Host-only checks of the shards and the layout ``given`` (the GLOBAL offsets and bounds as
+    passed, unchecked): types, shapes, dtypes, devices (never reads device memory)."""
     check_qkv(_FN, q, k, v)
     if causal and q.shape[0] != k.shape[0]:
         raise ThdValueError(
             f"{_FN}: shard rows: causal ring attention is self-attention, expected q and k/v with the "
             f"same number of rows, got {q.shape[0]} and {k.shape[0]}"
         )
-    check_layout_tensors(_FN, q, k, cu_q, cu_kv, cup_q, cup_kv)
-    check_max_seqlen(_FN, "max_seqlen_q", max_q)
-    check_max_seqlen(_FN, "max_seqlen_kv", max_kv)
+    check_layout_tensors(_FN, q, k, *given.tensors()[:4])
+    check_max_seqlen(_FN, "max_seqlen_q", given.max_seqlen_q)
+    check_max_seqlen(_FN, "max_seqlen_kv", given.max_seqlen_kv)
 
 
 def check_variants(
@@ -62,7 +52,7 @@ def check_variants(
     returns the resolved options (scale defaulted to ``D ** -0.5``)."""
     options = resolve_options(_FN, q, causal, softmax_scale, window_size, softcap, False)
     if sinks is not None:
-        _check_sinks(_FN, q, sinks)
+        check_sinks(_FN, q, sinks)
     return options
 
 
@@ -87,36 +77,32 @@ def check_shards(comm: RingComm, q: Tensor, k: Tensor, v: Tensor, error: Excepti
             )
 
 
-def check_values(
-    cu_q: Tensor,
-    cu_kv: Tensor,
-    cup_q: Tensor | None,
-    cup_kv: Tensor | None,
-    cp: int,
-    rows_q: int,
-    rows_kv: int,
-    causal: bool,
-    max_q: int | None,
-    max_kv: int | None,
-) -> None:
-    """Value checks (device-to-host reads): layout rules, divisibility by ``2*cp``, causal pairing."""
+def check_values(given: VarlenLayout, cp: int, rows_q: int, rows_kv: int, causal: bool) -> None:
+    """Value checks of ``given`` (device-to-host reads) for shards of ``rows_q`` / ``rows_kv`` rows:
+    layout rules, divisibility by ``2*cp``, causal pairing, ``max_seqlen_*`` as upper bounds."""
     if not _layout.validation_enabled():
         return
-    for side, cu, cup, rows in (("q", cu_q, cup_q, rows_q), ("kv", cu_kv, cup_kv, rows_kv)):
+    cu_q, cu_kv = given.cu_seqlens_q, given.cu_seqlens_kv
+    sides = (
+        ("q", cu_q, given.cu_seqlens_q_padded, rows_q),
+        ("kv", cu_kv, given.cu_seqlens_kv_padded, rows_kv),
+    )
+    for side, cu, cup, rows in sides:
         try:
             _layout.validate(cu, cup, num_rows=rows * cp, cp_size=cp)
         except ThdValueError as exc:
             raise ThdValueError(
                 f"{_FN}: {side} layout for a group of cp_size={cp} (shard rows {rows}): {exc}"
             ) from None
-    if causal and (not torch.equal(cu_q, cu_kv) or not torch.equal(
-        cu_q if cup_q is None else cup_q, cu_kv if cup_kv is None else cup_kv
-    )):  # fmt: skip
+    if causal and (not torch.equal(cu_q, cu_kv) or not torch.equal(given.slots_q, given.slots_kv)):
         raise ThdValueError(
             f"{_FN}: causal ring attention needs identical q and kv layouts "
             f"(cu_seqlens_q == cu_seqlens_kv and cu_seqlens_q_padded == cu_seqlens_kv_padded)"
         )
-    for name, cu, m in (("max_seqlen_q", cu_q, max_q), ("max_seqlen_kv", cu_kv, max_kv)):
+    for name, cu, m in (
+        ("max_seqlen_q", cu_q, given.max_seqlen_q),
+        ("max_seqlen_kv", cu_kv, given.max_seqlen_kv),
+    ):
         real = max_len(cu)
         if m is not None and m < real:
             raise ThdValueError(

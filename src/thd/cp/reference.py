@@ -130,9 +130,8 @@ def simulate_ring_attention(
     for r, plan in enumerate(plans):
         for j in range(cp):
             for launch in plan.steps[j]:
-                dq, dk, dv, ds = launch_backward(
-                    launch, dos[r], qs[r], ks[j], vs[j], outs[r], lses[r], plan.options, sinks
-                )
+                saved = (qs[r], ks[j], vs[j], outs[r], lses[r], sinks)
+                dq, dk, dv, ds = launch_backward(launch, dos[r], saved, plan.options)
                 dqs[r] += dq
                 dks[j] += dk
                 dvs[j] += dv

@@ -155,20 +155,15 @@ def launch_forward(
 def launch_backward(
     launch: Launch,
     do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
+    saved: SavedForBackward,
     options: AttentionOptions,
-    sinks: Tensor | None = None,
     accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dsinks)`` of one launch from the merged ``out`` and ``lse``; ``dsinks``
     (over the launch's real query rows) only when it carries the sinks. With
     ``accumulate=(dq, dk, dv)`` (fp32) the gradients are added into those buffers instead."""
-    saved = SavedForBackward(q, k, v, out, lse, sinks if launch.sinks else None)
-    return backward_call(BackwardCall(do, saved, launch.layout, launch.launch_options(options), accumulate))
+    carried = saved if launch.sinks else saved._replace(sinks=None)
+    return backward_call(BackwardCall(do, carried, launch.layout, launch.launch_options(options), accumulate))
 
 
 def _exchange(
@@ -244,13 +239,8 @@ def _ring_forward(
 def _backward_step(
     launches: tuple[Launch, ...],
     do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
+    saved: SavedForBackward,
     options: AttentionOptions,
-    sinks: Tensor | None,
     dq_acc: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """``(dq, dk, dv, dsinks)`` of one step (``None`` where no launch contributes). Plain
@@ -259,36 +249,30 @@ def _backward_step(
     input dtypes; ``dq`` is then ``dq_acc`` and ``dsinks`` the fp32 sum of the launches' parts."""
     if dq_acc is None:
         (launch,) = launches
-        return launch_backward(launch, do, q, k, v, out, lse, options, sinks)
+        return launch_backward(launch, do, saved, options)
     if not launches:
         return None, None, None, None
+    k, v = saved[1], saved[2]
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     dsinks = None
     for launch in launches:
-        ds_i = launch_backward(launch, do, q, k, v, out, lse, options, sinks, accumulate=(dq_acc, dk, dv))[3]
+        ds_i = launch_backward(launch, do, saved, options, accumulate=(dq_acc, dk, dv))[3]
         if ds_i is not None:
             dsinks = ds_i.float() if dsinks is None else dsinks.add_(ds_i)
     return dq_acc, dk.to(k.dtype), dv.to(v.dtype), dsinks
 
 
 def _ring_backward(
-    do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    sinks: Tensor | None,
-    plan: RingPlan,
-    comm: RingComm,
-    overlap: bool,
+    do: Tensor, saved: SavedForBackward, plan: RingPlan, comm: RingComm, overlap: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Reverse ring: at step ``i`` rank ``r`` holds K/V of rank ``(r + 1 + i) mod cp`` and the
     partial dK/dV of that block (summed over the ranks that held it before), adds its own part
     and passes both on; at the last step the block is its own and the gradient is complete.
-    ``dsinks`` is this rank's part (its real query rows), from the launches that carry sinks."""
+    ``saved`` holds the K/V of rank ``r + 1``, where the reverse ring starts. ``dsinks`` is this
+    rank's part (its real query rows), from the launches that carry sinks."""
     cp, r, options = plan.cp_size, plan.cp_rank, plan.options
+    q, k, v, out, lse, sinks = saved
     # windowed: one fp32 dQ buffer every launch of every step adds into
     window_dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if plan.windowed else None
     dq_acc: Tensor | None = window_dq
@@ -307,9 +291,8 @@ def _ring_backward(
         pending = comm.start(ops)
         if not overlap:
             pending.wait()
-        dq_i, dk_i, dv_i, ds_i = _backward_step(
-            plan.steps[j], do, q, k, v, out, lse, options, sinks, window_dq
-        )
+        step_saved = SavedForBackward(q, k, v, out, lse, sinks)
+        dq_i, dk_i, dv_i, ds_i = _backward_step(plan.steps[j], do, step_saved, options, window_dq)
         if ds_i is not None:
             dsinks = ds_i if dsinks is None else dsinks + ds_i
         if window_dq is not None or dq_i is None:
@@ -385,10 +368,11 @@ class RingAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse, sinks = ctx.saved_tensors  # type: ignore[attr-defined]
         if plan.cp_size == 1:
             (single,) = plan.steps[0]
-            dq, dk, dv, dsinks = launch_backward(single, dout, q, k, v, out, lse, plan.options, sinks)
+            dq, dk, dv, dsinks = launch_backward(single, dout, (q, k, v, out, lse, sinks), plan.options)
             _clean_padding(plan, grads=(dq, dk, dv))
         else:  # k, v: the K/V of rank r + 1, where the reverse ring starts
-            dq, dk, dv, dsinks = _ring_backward(dout, q, k, v, out, lse, sinks, plan, ctx.comm, ctx.overlap)  # type: ignore[attr-defined]
+            saved = SavedForBackward(q, k, v, out, lse, sinks)
+            dq, dk, dv, dsinks = _ring_backward(dout, saved, plan, ctx.comm, ctx.overlap)  # type: ignore[attr-defined]
         if sinks is None:
             dsinks = None
         elif dsinks is None:  # no real query row on this rank
@@ -485,19 +469,11 @@ def ring_attention(
     sync_ok = _host_reads_allowed(q, max_seqlen_q, max_seqlen_kv)
     error: Exception | None = None
     options = AttentionOptions(1.0)
+    given = VarlenLayout(
+        cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv
+    )  # as passed: checked below
     try:
-        check_metadata(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            cu_seqlens_q_padded,
-            cu_seqlens_kv_padded,
-            causal,
-            max_seqlen_q,
-            max_seqlen_kv,
-        )
+        check_metadata(q, k, v, given, causal)
         options = check_variants(q, causal, softmax_scale, window_size, softcap, sinks)
     except ThdError as exc:
         error = exc
@@ -506,31 +482,15 @@ def ring_attention(
     elif error is not None:
         raise error
     if sync_ok:
-        check_values(
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            cu_seqlens_q_padded,
-            cu_seqlens_kv_padded,
-            cp,
-            q.shape[0],
-            k.shape[0],
-            causal,
-            max_seqlen_q,
-            max_seqlen_kv,
-        )
-    cup_q = cu_seqlens_q if cu_seqlens_q_padded is None else cu_seqlens_q_padded
-    cup_kv = cu_seqlens_kv if cu_seqlens_kv_padded is None else cu_seqlens_kv_padded
+        check_values(given, cp, q.shape[0], k.shape[0], causal)
+    cup_q, cup_kv = given.slots_q, given.slots_kv
     pad = _resolve_pad(pad_between_seqs, cu_seqlens_q, cu_seqlens_q_padded, cp)
     if pad_between_seqs is None and not pad:
         pad = _resolve_pad(None, cu_seqlens_kv, cu_seqlens_kv_padded, cp)
     max_slots = sync_ok and pad and cp > 1  # the largest slots tighten the grid bounds: one read each
-    layout = VarlenLayout(
-        cu_seqlens_q,
-        cu_seqlens_kv,
-        cup_q,
-        cup_kv,
-        max_seqlen_q=resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
-        max_seqlen_kv=resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
+    layout = given.with_max_seqlens(
+        resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
+        resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
     )
     request = PlanRequest(
         layout,

@@ -40,17 +40,6 @@ def _is_causal(module: torch.nn.Module, is_causal: bool | None) -> bool:
     return bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
 
 
-def _longest(layout: Layout) -> int:
-    """Longest query or key sequence of ``layout`` (a host sync only when a bound is unknown)."""
-    bounds = []
-    for given, cu in (
-        (layout.max_seqlen_q, layout.cu_seqlens_q),
-        (layout.max_seqlen_kv, layout.cu_seqlens_kv),
-    ):
-        bounds.append(given if given is not None else int((cu[1:] - cu[:-1]).max()))
-    return max(bounds)
-
-
 def _local(
     q: Tensor,
     k: Tensor,
@@ -61,21 +50,8 @@ def _local(
     scale: float | None,
     features: dict[str, Any],
 ) -> Tensor:
-    extra = feature_kwargs(thd.attention, causal=causal, longest=lambda: _longest(layout), **features)
-    out = thd.attention(
-        q,
-        k,
-        v,
-        layout.cu_seqlens_q,
-        layout.cu_seqlens_kv,
-        cu_seqlens_q_padded=layout.cu_seqlens_q_padded,
-        cu_seqlens_kv_padded=layout.cu_seqlens_kv_padded,
-        max_seqlen_q=layout.max_seqlen_q,
-        max_seqlen_kv=layout.max_seqlen_kv,
-        causal=causal,
-        softmax_scale=scale,
-        **extra,
-    )
+    extra = feature_kwargs(causal=causal, **features)
+    out = thd.attention(q, k, v, **layout.kwargs(), causal=causal, softmax_scale=scale, **extra)
     assert isinstance(out, Tensor)
     return out
 
@@ -103,9 +79,7 @@ def _ring(
 
     if isinstance(layout, DocumentCPLayout):
         _check_cp_size(layout.cp_size, group)
-        extra = feature_kwargs(
-            document_attention, causal=causal, longest=lambda: max(layout.plan.lengths, default=0), **features
-        )
+        extra = feature_kwargs(causal=causal, **features)
         return document_attention(
             q, k, v, layout.layout, group=group, causal=causal, softmax_scale=scale, **extra
         )
@@ -116,7 +90,7 @@ def _ring(
             "thd.integrations.transformers.shard_batch(batch, group)"
         )
     _check_cp_size(layout.cp_size, group)
-    extra = feature_kwargs(ring_attention, causal=causal, longest=lambda: layout.max_seqlen, **features)
+    extra = feature_kwargs(causal=causal, **features)
     out = ring_attention(
         q,
         k,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -42,6 +42,10 @@ class Layout:
     cu_seqlens_kv_padded: Tensor | None
     max_seqlen_q: int | None
     max_seqlen_kv: int | None
+
+    def kwargs(self) -> dict[str, Tensor | int | None]:
+        """The fields as ``thd.attention``'s keyword arguments (the tensors themselves, no copies)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def _as_int(value: object) -> int | None:

@@ -24,7 +24,7 @@ from thd.ops.attention.checks import (
 )
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
-__all__ = ["check_call", "resolve_options"]
+__all__ = ["check_call", "check_sinks", "resolve_options"]
 
 
 def _finite_real(fn: str, name: str, value: object) -> float:
@@ -126,7 +126,7 @@ def resolve_options(
     )
 
 
-def _check_sinks(fn: str, q: Tensor, sinks: object) -> None:
+def check_sinks(fn: str, q: Tensor, sinks: object) -> None:
     if not isinstance(sinks, Tensor):
         raise ThdTypeError(f"{fn}: sinks: expected a torch.Tensor or None, got {type(sinks).__name__}")
     if list(sinks.shape) != [q.shape[1]]:
@@ -154,7 +154,7 @@ def check_call(
     check_max_seqlen(fn, "max_seqlen_q", layout.max_seqlen_q)
     check_max_seqlen(fn, "max_seqlen_kv", layout.max_seqlen_kv)
     if sinks is not None:
-        _check_sinks(fn, q, sinks)
+        check_sinks(fn, q, sinks)
     _check_positions(fn, q, layout)
 
 
