@@ -138,24 +138,19 @@ def repack_wheel(
         if checker.issues:
             checker.check_all_members(archive)  # so the refusal lists every issue verify reports
             _refuse(src, checker)
-        return _repack(
-            archive,
-            checker,
-            _Target(
-                name,
-                tagset,
-                reqs,
-                outdir,
-                allow_extension_retag,
-                overwrite,
-                dry_run,
-                release,
-                hash_output,
-                epoch,
-            ),
-            limits,
-            progress,
+        target = _Target(
+            name=name,
+            tagset=tagset,
+            requires=reqs,
+            outdir=outdir,
+            allow_extension_retag=allow_extension_retag,
+            overwrite=overwrite,
+            dry_run=dry_run,
+            release=release,
+            hash_output=hash_output,
+            epoch=epoch,
         )
+        return _repack(archive, checker, target, limits=limits, progress=progress)
 
 
 def _refuse(src: Path, checker: WheelChecker) -> NoReturn:
@@ -180,6 +175,7 @@ def _repack(
     archive: ZipArchive,
     checker: WheelChecker,
     to: _Target,
+    *,
     limits: Limits | None,
     progress: Progress | None,
 ) -> RepackResult:

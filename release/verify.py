@@ -50,7 +50,7 @@ __all__ = [
 
 _PARALLEL_MIN = 64 << 20  # hash in threads above this many uncompressed bytes
 _PIPELINE_MIN = 8 << 20  # members this large are hashed in a helper thread while they inflate
-_PIPELINE_DEPTH = 8  # inflated pieces (of at most 1 MiB) waiting for the helper thread
+_PIPELINE_DEPTH = 3  # inflated pieces (of at most 1 MiB each) waiting for the helper thread
 Issue3 = tuple[str, str, str]
 Sink = Callable[[bytes], None]
 _MAX_TEXT = 64 << 20  # METADATA, WHEEL and RECORD are read whole; larger ones are refused
