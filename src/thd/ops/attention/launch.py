@@ -240,18 +240,23 @@ def _launch(
         KERNELS[kernel][grid](*args, **constexprs, TMA=False, WARP_SPEC=False)
         return
     tile = tiles.tile_for(kernel, meta, rows)
-    plain, with_tma = _keywords(kernel, id(meta), tile, tiles.SMALL_FWD_MAX_REGISTERS)
+    cap = tiles.SMALL_FWD_MAX_REGISTERS
+    entry = _KEYWORDS.get((kernel, id(meta), id(tile), cap))
+    if entry is None or entry[0] is not tile:  # the identity check: a dead tile's id may be reused
+        entry = _keywords(kernel, meta, tile, cap)
     block = tile.block_n if kernel == "dkdv" else tile.block_m
-    keywords = with_tma if tile.tma and tiles.tma_capable(*tiled) else plain
+    keywords = entry[2] if tile.tma and tiles.tma_capable(*tiled) else entry[1]
     LAUNCHERS[kernel].run((max(1, _cdiv(rows, block)), num_heads, num_seqs + 1), *args, **keywords)
 
 
-@functools.lru_cache(maxsize=4096)
-def _keywords(kernel: str, meta_id: int, tile: tiles.Tile, max_registers: int) -> tuple[dict, dict]:
-    """A launch's keyword arguments (constexprs and compile options) on ``tile``: without and with
-    TMA. ``meta_id`` names a :func:`_meta` dict (they live as long as the process); the register
-    cap's value is part of the key so that a changed cap is never served stale."""
-    meta = _METAS[meta_id]
+_KEYWORDS: dict[tuple[str, int, int, int], tuple[tiles.Tile, dict, dict]] = {}
+
+
+def _keywords(kernel: str, meta: dict, tile: tiles.Tile, max_registers: int) -> tuple[tiles.Tile, dict, dict]:
+    """``(tile, keywords without TMA, keywords with TMA)`` of a launch (its constexprs and compile
+    options), remembered in :data:`_KEYWORDS` by the ids of ``meta`` (a :func:`_meta` dict: they
+    live as long as the process) and ``tile`` and by the register cap (a changed cap is never
+    served stale)."""
     constexprs = {name: value for name, value in meta.items() if name != "FP32"}
     keywords = {
         **constexprs,
@@ -262,7 +267,11 @@ def _keywords(kernel: str, meta_id: int, tile: tiles.Tile, max_registers: int) -
         "num_stages": tile.num_stages,
         **tiles.register_cap(kernel, tile, meta),
     }
-    return {**keywords, "TMA": False}, {**keywords, "TMA": True}
+    if len(_KEYWORDS) >= 4096:
+        _KEYWORDS.clear()
+    entry = tile, {**keywords, "TMA": False}, {**keywords, "TMA": True}
+    _KEYWORDS[(kernel, id(meta), id(tile), max_registers)] = entry
+    return entry
 
 
 @functools.cache
@@ -309,7 +318,7 @@ _FLAGS = {
     "dkdv": ("DQ_MODE", "ACCUMULATE"),
     "dq": ("ACCUMULATE",),
 }
-_METAS: dict[int, dict[str, int | bool]] = {}  # id -> every dict _meta_for made (kept alive: ids stay unique)
+_METAS: list[dict[str, int | bool]] = []  # every dict _meta_for made, kept alive: their ids stay unique
 
 
 @functools.cache
@@ -339,7 +348,7 @@ def _meta_for(
         "FP32": dtype == torch.float32,
         **dict(zip(_FLAGS.get(kernel, ()), flags, strict=True)),
     }
-    _METAS[id(meta)] = meta
+    _METAS.append(meta)
     return meta
 
 
