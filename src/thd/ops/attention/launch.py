@@ -29,6 +29,7 @@ __all__ = [
     "PREPROCESS_ARGS",
     "backward",
     "backward_args",
+    "backward_shared_args",
     "forward",
     "forward_args",
     "supports_backward",
@@ -141,27 +142,31 @@ def forward_args(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple:
 
 
 def backward_args(
-    kernel: str,
     inputs: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
     grads: tuple[Tensor, ...],
     layout: VarlenLayout,
     options: AttentionOptions,
+    shared: tuple[tuple, tuple] | None = None,
 ) -> tuple:
-    """The ``"dkdv"`` kernel's arguments in :data:`DKDV_ARGS` order (``grads = (dk, dv, dq)``) or the
-    ``"dq"`` kernel's in :data:`DQ_ARGS` order (``grads = (dq,)``); ``inputs = (q, k, v, do, lse, delta)``."""
+    """The dK/dV kernel's arguments in :data:`DKDV_ARGS` order (``grads = (dk, dv, dq)``) or the dQ
+    kernel's in :data:`DQ_ARGS` order (``grads = (dq,)``); ``inputs = (q, k, v, do, lse, delta)``.
+    ``shared``: :func:`backward_shared_args` of the same call, when the caller has it."""
+    middle, tail = backward_shared_args(inputs, layout, options) if shared is None else shared
+    return (*inputs, *grads, *middle, *strides(*grads), *tail)
+
+
+def backward_shared_args(
+    inputs: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
+    layout: VarlenLayout,
+    options: AttentionOptions,
+) -> tuple[tuple, tuple]:
+    """The groups both backward kernels take alike: the layout and the input strides, then the lse
+    stride and the variant (computed once per backward)."""
     q, k, v, do, lse, _ = inputs
     max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
     assert max_q is not None and max_kv is not None
-    grad_strides = strides(*grads) if kernel == "dkdv" else strides(grads[0])
-    return (
-        *inputs,
-        *grads,
-        *layout_args(layout, q.shape[0], k.shape[0]),
-        *strides(q, k, v, do),
-        *grad_strides,
-        lse.stride(0),
-        *variant_args(options, max(max_q, max_kv)),
-    )
+    middle = (*layout_args(layout, q.shape[0], k.shape[0]), *strides(q, k, v, do))
+    return middle, (lse.stride(0), *variant_args(options, max(max_q, max_kv)))
 
 
 def preprocess_args(
@@ -423,14 +428,15 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
             **_preprocess_keywords(v.shape[2], int(dq_meta["BLOCK_DV"]), sinks is not None, block),
         )
     inputs = (q, k, v, do, lse, delta)
+    shared = backward_shared_args(inputs, layout, options)
     if k.shape[0] > 0:
         dkdv_meta = _meta("dkdv", call, dq_mode, accumulating)
-        args = backward_args("dkdv", inputs, (dk, dv, dq), layout, options)
+        args = backward_args(inputs, (dk, dv, dq), layout, options, shared)
         _launch("dkdv", max_kv, num_kv_heads, num_seqs, dkdv_meta, (q, do), args)
     if atomic:
         dq = dq if accumulating else dq.to(q.dtype)
     elif q.shape[0] > 0:
-        args = backward_args("dq", inputs, (dq,), layout, options)
+        args = backward_args(inputs, (dq,), layout, options, shared)
         _launch("dq", max_q, num_heads, num_seqs, dq_meta, (k, v), args)
     dsinks = None if dsink_rows is None else dsink_rows.sum(1).to(sinks.dtype)  # type: ignore[union-attr]
     return dq, dk, dv, dsinks
