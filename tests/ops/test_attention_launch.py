@@ -91,7 +91,9 @@ def test_backward_args_follow_the_spec(kernel: str) -> None:
     grads = (dk, dv, dq) if kernel == "dkdv" else (dq,)
     inputs = (c["q"], c["k"], c["v"], do, lse, delta)
     spec = launch.DKDV_ARGS if kernel == "dkdv" else launch.DQ_ARGS
-    args = launch.backward_args(kernel, inputs, grads, c["layout"], c["options"])
+    args = launch.backward_args(inputs, grads, c["layout"], c["options"])
+    shared = launch.backward_shared_args(inputs, c["layout"], c["options"])
+    assert launch.backward_args(inputs, grads, c["layout"], c["options"], shared) == args
     bound = dict(zip(spec, args, strict=True))
     assert [bound[n] for n in ("do_ptr", "lse_ptr", "delta_ptr")] == [do, lse, delta]
     assert (bound["stride_dot"], bound["stride_doh"]) == do.stride()[:2]

@@ -29,6 +29,7 @@ __all__ = [
     "PREPROCESS_ARGS",
     "backward",
     "backward_args",
+    "backward_shared_args",
     "forward",
     "forward_args",
     "supports_backward",
@@ -141,27 +142,31 @@ def forward_args(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple:
 
 
 def backward_args(
-    kernel: str,
     inputs: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
     grads: tuple[Tensor, ...],
     layout: VarlenLayout,
     options: AttentionOptions,
+    shared: tuple[tuple, tuple] | None = None,
 ) -> tuple:
-    """The ``"dkdv"`` kernel's arguments in :data:`DKDV_ARGS` order (``grads = (dk, dv, dq)``) or the
-    ``"dq"`` kernel's in :data:`DQ_ARGS` order (``grads = (dq,)``); ``inputs = (q, k, v, do, lse, delta)``."""
+    """The dK/dV kernel's arguments in :data:`DKDV_ARGS` order (``grads = (dk, dv, dq)``) or the dQ
+    kernel's in :data:`DQ_ARGS` order (``grads = (dq,)``); ``inputs = (q, k, v, do, lse, delta)``.
+    ``shared``: :func:`backward_shared_args` of the same call, when the caller has it."""
+    middle, tail = backward_shared_args(inputs, layout, options) if shared is None else shared
+    return (*inputs, *grads, *middle, *strides(*grads), *tail)
+
+
+def backward_shared_args(
+    inputs: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
+    layout: VarlenLayout,
+    options: AttentionOptions,
+) -> tuple[tuple, tuple]:
+    """The groups both backward kernels take alike: the layout and the input strides, then the lse
+    stride and the variant (computed once per backward)."""
     q, k, v, do, lse, _ = inputs
     max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
     assert max_q is not None and max_kv is not None
-    grad_strides = strides(*grads) if kernel == "dkdv" else strides(grads[0])
-    return (
-        *inputs,
-        *grads,
-        *layout_args(layout, q.shape[0], k.shape[0]),
-        *strides(q, k, v, do),
-        *grad_strides,
-        lse.stride(0),
-        *variant_args(options, max(max_q, max_kv)),
-    )
+    middle = (*layout_args(layout, q.shape[0], k.shape[0]), *strides(q, k, v, do))
+    return middle, (lse.stride(0), *variant_args(options, max(max_q, max_kv)))
 
 
 def preprocess_args(
@@ -240,18 +245,23 @@ def _launch(
         KERNELS[kernel][grid](*args, **constexprs, TMA=False, WARP_SPEC=False)
         return
     tile = tiles.tile_for(kernel, meta, rows)
-    plain, with_tma = _keywords(kernel, id(meta), tile, tiles.SMALL_FWD_MAX_REGISTERS)
+    cap = tiles.SMALL_FWD_MAX_REGISTERS
+    entry = _KEYWORDS.get((kernel, id(meta), id(tile), cap))
+    if entry is None or entry[0] is not tile:  # the identity check: a dead tile's id may be reused
+        entry = _keywords(kernel, meta, tile, cap)
     block = tile.block_n if kernel == "dkdv" else tile.block_m
-    keywords = with_tma if tile.tma and tiles.tma_capable(*tiled) else plain
+    keywords = entry[2] if tile.tma and tiles.tma_capable(*tiled) else entry[1]
     LAUNCHERS[kernel].run((max(1, _cdiv(rows, block)), num_heads, num_seqs + 1), *args, **keywords)
 
 
-@functools.lru_cache(maxsize=4096)
-def _keywords(kernel: str, meta_id: int, tile: tiles.Tile, max_registers: int) -> tuple[dict, dict]:
-    """A launch's keyword arguments (constexprs and compile options) on ``tile``: without and with
-    TMA. ``meta_id`` names a :func:`_meta` dict (they live as long as the process); the register
-    cap's value is part of the key so that a changed cap is never served stale."""
-    meta = _METAS[meta_id]
+_KEYWORDS: dict[tuple[str, int, int, int], tuple[tiles.Tile, dict, dict]] = {}
+
+
+def _keywords(kernel: str, meta: dict, tile: tiles.Tile, max_registers: int) -> tuple[tiles.Tile, dict, dict]:
+    """``(tile, keywords without TMA, keywords with TMA)`` of a launch (its constexprs and compile
+    options), remembered in :data:`_KEYWORDS` by the ids of ``meta`` (a :func:`_meta` dict: they
+    live as long as the process) and ``tile`` and by the register cap (a changed cap is never
+    served stale)."""
     constexprs = {name: value for name, value in meta.items() if name != "FP32"}
     keywords = {
         **constexprs,
@@ -262,7 +272,11 @@ def _keywords(kernel: str, meta_id: int, tile: tiles.Tile, max_registers: int) -
         "num_stages": tile.num_stages,
         **tiles.register_cap(kernel, tile, meta),
     }
-    return {**keywords, "TMA": False}, {**keywords, "TMA": True}
+    if len(_KEYWORDS) >= 4096:
+        _KEYWORDS.clear()
+    entry = tile, {**keywords, "TMA": False}, {**keywords, "TMA": True}
+    _KEYWORDS[(kernel, id(meta), id(tile), max_registers)] = entry
+    return entry
 
 
 @functools.cache
@@ -309,7 +323,7 @@ _FLAGS = {
     "dkdv": ("DQ_MODE", "ACCUMULATE"),
     "dq": ("ACCUMULATE",),
 }
-_METAS: dict[int, dict[str, int | bool]] = {}  # id -> every dict _meta_for made (kept alive: ids stay unique)
+_METAS: list[dict[str, int | bool]] = []  # every dict _meta_for made, kept alive: their ids stay unique
 
 
 @functools.cache
@@ -339,7 +353,7 @@ def _meta_for(
         "FP32": dtype == torch.float32,
         **dict(zip(_FLAGS.get(kernel, ()), flags, strict=True)),
     }
-    _METAS[id(meta)] = meta
+    _METAS.append(meta)
     return meta
 
 
@@ -414,14 +428,15 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
             **_preprocess_keywords(v.shape[2], int(dq_meta["BLOCK_DV"]), sinks is not None, block),
         )
     inputs = (q, k, v, do, lse, delta)
+    shared = backward_shared_args(inputs, layout, options)
     if k.shape[0] > 0:
         dkdv_meta = _meta("dkdv", call, dq_mode, accumulating)
-        args = backward_args("dkdv", inputs, (dk, dv, dq), layout, options)
+        args = backward_args(inputs, (dk, dv, dq), layout, options, shared)
         _launch("dkdv", max_kv, num_kv_heads, num_seqs, dkdv_meta, (q, do), args)
     if atomic:
         dq = dq if accumulating else dq.to(q.dtype)
     elif q.shape[0] > 0:
-        args = backward_args("dq", inputs, (dq,), layout, options)
+        args = backward_args(inputs, (dq,), layout, options, shared)
         _launch("dq", max_q, num_heads, num_seqs, dq_meta, (k, v), args)
     dsinks = None if dsink_rows is None else dsink_rows.sum(1).to(sinks.dtype)  # type: ignore[union-attr]
     return dq, dk, dv, dsinks

@@ -18,8 +18,6 @@ Meta ``q`` gives meta outputs of the right shapes (no lengths are read).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from torch import Tensor
 
@@ -141,8 +139,16 @@ def attention(
     and ignored.
     """
     del max_seqlen_q, max_seqlen_kv, deterministic
-    layout = VarlenLayout(cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
-    layout = replace(layout, positions_q=positions_q, positions_kv=positions_kv)
+    layout = VarlenLayout(
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        cu_seqlens_q_padded,
+        cu_seqlens_kv_padded,
+        None,
+        None,
+        positions_q,
+        positions_kv,
+    )
     options = AttentionOptions(
         softmax_scale=float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale),
         causal=causal,

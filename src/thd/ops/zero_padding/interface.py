@@ -92,25 +92,10 @@ def _launch(x: Tensor, cu: Tensor, cup: Tensor, pad_between_seqs: bool) -> None:
     splits_tail = min(max_splits, target)
     splits_slot = min(max_splits, max(1, target // max(num_slots, 1)))
     grid = (num_slots * splits_slot + splits_tail,)
-    launcher_for(_zero_padding_fwd_kernel).run(
-        grid,
-        x,
-        cu,
-        cup,
-        num_rows,
-        num_seqs,
-        num_slots,
-        splits_slot,
-        splits_tail,
-        x.stride(0),
-        ROW_WIDTH=row_width,
-        IS_FLAT=is_flat,
-        TAIL_FROM_PADDED=pad_between_seqs,
-        BLOCK=block,
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        num_warps=4,
-    )
+    args = (x, cu, cup, num_rows, num_seqs, num_slots, splits_slot, splits_tail, x.stride(0))
+    shape = {"ROW_WIDTH": row_width, "IS_FLAT": is_flat, "TAIL_FROM_PADDED": pad_between_seqs}
+    tiling = {"BLOCK": block, "BLOCK_R": block_r, "BLOCK_C": block_c}
+    launcher_for(_zero_padding_fwd_kernel).run(grid, *args, **shape, **tiling, num_warps=4)
 
 
 def check_args(
