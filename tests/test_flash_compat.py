@@ -12,13 +12,13 @@ import inspect
 from typing import Any
 
 import pytest
-import thd._triton
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import thd
+import thd._runtime.config
 from tests._helpers import assert_close
 from thd import flash_attn_func, flash_attn_varlen_func
 from thd.errors import ThdTypeError, ThdValueError

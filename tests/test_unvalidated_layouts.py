@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import thd._triton
 import torch
 from torch import Tensor
 
 import thd
+import thd._runtime.config
 from thd.cp import partition, unpartition
 from thd.errors import ThdTypeError, ThdValueError
 from thd.layout import pack_lengths, set_validation, validate

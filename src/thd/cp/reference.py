@@ -21,7 +21,7 @@ from torch import Tensor
 from thd.cp.partition import partition, unpartition
 from thd.cp.plan import PlanRequest, RingPlan, build_plan
 from thd.cp.ring import launch_backward, launch_forward
-from thd.ops.attention.params import AttentionOptions, VarlenLayout
+from thd.ops.attention.params import AttentionOptions, SavedForBackward, VarlenLayout
 from thd.ops.lse_merge import merge_partials
 
 __all__ = ["SimulatedRing", "simulate_ring_attention"]
@@ -130,7 +130,7 @@ def simulate_ring_attention(
     for r, plan in enumerate(plans):
         for j in range(cp):
             for launch in plan.steps[j]:
-                saved = (qs[r], ks[j], vs[j], outs[r], lses[r], sinks)
+                saved = SavedForBackward(qs[r], ks[j], vs[j], outs[r], lses[r], sinks)
                 dq, dk, dv, ds = launch_backward(launch, dos[r], saved, plan.options)
                 dqs[r] += dq
                 dks[j] += dk

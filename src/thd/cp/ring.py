@@ -162,7 +162,8 @@ def launch_backward(
     """``(dq, dk, dv, dsinks)`` of one launch from the merged ``out`` and ``lse``; ``dsinks``
     (over the launch's real query rows) only when it carries the sinks. With
     ``accumulate=(dq, dk, dv)`` (fp32) the gradients are added into those buffers instead."""
-    carried = saved if launch.sinks else saved._replace(sinks=None)
+    q, k, v, out, lse, sinks = saved
+    carried = SavedForBackward(q, k, v, out, lse, sinks if launch.sinks else None)
     return backward_call(BackwardCall(do, carried, launch.layout, launch.launch_options(options), accumulate))
 
 
@@ -368,7 +369,9 @@ class RingAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse, sinks = ctx.saved_tensors  # type: ignore[attr-defined]
         if plan.cp_size == 1:
             (single,) = plan.steps[0]
-            dq, dk, dv, dsinks = launch_backward(single, dout, (q, k, v, out, lse, sinks), plan.options)
+            dq, dk, dv, dsinks = launch_backward(
+                single, dout, SavedForBackward(q, k, v, out, lse, sinks), plan.options
+            )
             _clean_padding(plan, grads=(dq, dk, dv))
         else:  # k, v: the K/V of rank r + 1, where the reverse ring starts
             saved = SavedForBackward(q, k, v, out, lse, sinks)
