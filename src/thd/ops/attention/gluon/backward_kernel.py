@@ -275,16 +275,7 @@ def _preprocess_kernel(
 
 
 @gluon.jit
-def _dkdv_producer(
-    args,
-    GROUP: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-):
+def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
     """TMA loads: K and V of each key tile, then Q and dO of every visible query tile of each head.
 
     One descriptor per tensor over this sequence's ``[length, heads * D]`` rows (heads adjacent in
@@ -314,6 +305,10 @@ def _dkdv_producer(
         ready,
         empty,
     ) = args
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    HEAD_DIM: gl.constexpr = k_smem.shape[1]
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
     smem: gl.constexpr = _SMEM_LAYOUT
     width_kv = (kv_head + 1) * HEAD_DIM
     width_q = width_kv * GROUP
@@ -347,20 +342,16 @@ def _dkdv_producer(
 def _dkdv_consumer(
     args,
     GROUP: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
     HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr,
     ACCUMULATE: gl.constexpr,
     DQ_ATOMIC: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
-    WG_ROWS: gl.constexpr,
 ):
-    """dK and dV of key rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each key tile in registers;
-    dQ added with fp32 atomics (``DQ_ATOMIC``). One consumer partition of ``NUM_WARPS`` warps."""
+    """dK and dV of key rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each key tile in registers
+    (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``); dQ added with fp32 atomics (``DQ_ATOMIC``). Tile
+    shapes come from the shared-memory buffers, the warps from this partition."""
     (
         lse_ptr,
         delta_ptr,
@@ -391,6 +382,12 @@ def _dkdv_consumer(
         ready,
         empty,
     ) = args
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    HEAD_DIM: gl.constexpr = k_smem.shape[1]
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    WG_ROWS: gl.constexpr = BLOCK_N // NUM_CONSUMERS
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16]
@@ -593,8 +590,6 @@ def _dkdv_kernel(
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
     WG_ROWS: gl.constexpr = BLOCK_N // NUM_CONSUMERS
-    FIRST_WG: gl.constexpr = 0
-    SECOND_WG: gl.constexpr = 1
     if DQ_ATOMIC:  # dS^T per consumer, double-buffered: the A operand of dQ = dS K
         ds_smem = gl.allocate_shared_memory(dtype, [2 * NUM_CONSUMERS, WG_ROWS, BLOCK_M], smem)
     else:
@@ -671,28 +666,8 @@ def _dkdv_kernel(
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (
-                    _dkdv_consumer,
-                    (
-                        consumer,
-                        GROUP,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        DQ_ATOMIC,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        FIRST_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (
-                    _dkdv_producer,
-                    (producer, GROUP, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES),
-                ),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 1, 0)),
+                (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
             [PRODUCER_REGS],
@@ -700,46 +675,9 @@ def _dkdv_kernel(
     else:  # two consumer warpgroups, each its half of the key tile, ordered only by the ring
         gl.warp_specialize(
             [
-                (
-                    _dkdv_consumer,
-                    (
-                        consumer,
-                        GROUP,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        DQ_ATOMIC,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        FIRST_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (
-                    _dkdv_consumer,
-                    (
-                        consumer,
-                        GROUP,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        DQ_ATOMIC,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        SECOND_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (
-                    _dkdv_producer,
-                    (producer, GROUP, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES),
-                ),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 0)),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 1)),
+                (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [NUM_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -750,15 +688,7 @@ def _dkdv_kernel(
 
 
 @gluon.jit
-def _dq_producer(
-    args,
-    HEAD_DIM: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-):
+def _dq_producer(args, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
     """TMA loads: Q and dO of each query tile, then K and V of every visible key tile."""
     (
         q_base,
@@ -784,6 +714,10 @@ def _dq_producer(
         ready,
         empty,
     ) = args
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    NUM_STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
     smem: gl.constexpr = _SMEM_LAYOUT
     q_desc = _row_descriptor(q_base, seqlen_q, HEAD_DIM, stride_qt, BLOCK_M, HEAD_DIM, smem)
     do_desc = _row_descriptor(do_base, seqlen_q, HEAD_DIM, stride_dot, BLOCK_M, HEAD_DIM, smem)
@@ -812,19 +746,15 @@ def _dq_producer(
 @gluon.jit
 def _dq_consumer(
     args,
-    HEAD_DIM: gl.constexpr,
     HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr,
     ACCUMULATE: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
-    WG_ROWS: gl.constexpr,
 ):
-    """dQ of query rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each query tile in registers,
-    summed over key tiles in a fixed order. One consumer partition of ``NUM_WARPS`` warps."""
+    """dQ of query rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each query tile in registers
+    (``WG_ROWS = BLOCK_M / NUM_CONSUMERS``), summed over key tiles in a fixed order. Tile shapes
+    come from the shared-memory buffers, the warps from this partition."""
     (
         lse_base,
         delta_base,
@@ -846,6 +776,12 @@ def _dq_consumer(
         ready,
         empty,
     ) = args
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    NUM_STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    WG_ROWS: gl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: gl.constexpr = k_smem.dtype
     if WG_ROWS == BLOCK_M:
         q_rows = q_smem
@@ -1006,9 +942,6 @@ def _dq_kernel(
     dq_base = dq_head + q_start.to(gl.int64) * stride_dqt
     first = gl.program_id(0)
     step = gl.num_programs(0)
-    WG_ROWS: gl.constexpr = BLOCK_M // NUM_CONSUMERS
-    FIRST_WG: gl.constexpr = 0
-    SECOND_WG: gl.constexpr = 1
     consumer = (
         lse_base,
         delta_base,
@@ -1057,23 +990,8 @@ def _dq_kernel(
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (
-                    _dq_consumer,
-                    (
-                        consumer,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        FIRST_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (_dq_producer, (producer, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 1, 0)),
+                (_dq_producer, (producer, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
             [PRODUCER_REGS],
@@ -1081,39 +999,9 @@ def _dq_kernel(
     else:  # two consumer warpgroups, each its half of the query tile, ordered only by the ring
         gl.warp_specialize(
             [
-                (
-                    _dq_consumer,
-                    (
-                        consumer,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        FIRST_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (
-                    _dq_consumer,
-                    (
-                        consumer,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        SECOND_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (_dq_producer, (producer, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 0)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 1)),
+                (_dq_producer, (producer, HAS_LEFT, HAS_RIGHT)),
             ],
             [NUM_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
