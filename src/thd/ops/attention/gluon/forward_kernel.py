@@ -210,17 +210,23 @@ def _load_item(
 
 @gluon.jit
 def _producer(
-    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
-    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-    rows_q, rows_k, window_left, window_right,
-    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-):  # fmt: skip
+    args, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr
+):
     """The copies of this program's work items, in the order the consumer reads them. Q and the
     descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
-    consumer to release that buffer's Q, which it does once it has read every tile of that item."""
+    consumer to release that buffer's Q, which it does once it has read every tile of that item.
+    Tile shapes come from the shared-memory buffers."""
+    (
+        q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
+        seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+        rows_q, rows_k, window_left, window_right,
+    ) = args  # fmt: skip
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
     it = 0
     t = 0
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
@@ -327,18 +333,24 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
 
 @gluon.jit
 def _consumer(
-    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
-    stride_ot, stride_oh, stride_lse_h,
-    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-    rows_q, rows_k, window_left, window_right, sm_scale, softcap,
-    HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+    args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
     WG: gl.constexpr, NUM_WG: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
-    span), release each stage once (``kv_empty`` counts two arrivals) and take turns issuing."""
+    span), release each stage once (``kv_empty`` counts two arrivals) and take turns issuing. Tile
+    shapes come from the shared-memory buffers."""
+    (
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
+        stride_ot, stride_oh, stride_lse_h,
+        seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+        rows_q, rows_k, window_left, window_right, sm_scale, softcap,
+    ) = args  # fmt: skip
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
     ROWS: gl.constexpr = BLOCK_M // NUM_WG
     W: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -496,34 +508,29 @@ def attention_fwd_kernel(
         mbarrier.init(kv_empty.index(i), count=NUM_WG)
     fence_async_shared()
 
-    # The argument tuples are spelled out in each call: in Triton 3.6 a tuple bound to a name inside
-    # the kernel turns its constexprs into values ("Shape element 0 must have type constexpr[int]").
+    # In Triton 3.6 a tuple bound to a name inside the kernel turns its constexprs into values
+    # ("Shape element 0 must have type constexpr[int]"): the tuples bound here hold values only, the
+    # constexprs are spelled out in each entry.
+    consumer = (
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
+        stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+        window_left, window_right, sm_scale, softcap,
+    )  # fmt: skip
+    producer = (
+        q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
+        num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+        window_left, window_right,
+    )  # fmt: skip
     if NUM_WG == 2:  # two 4-warp consumer partitions taking turns, and the producer warp
         gl.warp_specialize(
             [
-                (_consumer, (
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
-                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
-                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
-                    0, 2,
-                )),
-                (_consumer, (
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
-                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
-                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
-                    1, 2,
-                )),
-                (_producer, (
-                    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
-                    num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-                    window_left, window_right, GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                )),
+                (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
+                             ACCUMULATE, 0, 2)),
+                (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
+                             ACCUMULATE, 1, 2)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -531,21 +538,9 @@ def attention_fwd_kernel(
     else:  # one consumer partition of num_warps warps, and the producer warp
         gl.warp_specialize(
             [
-                (_consumer, (
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
-                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
-                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
-                    0, 1,
-                )),
-                (_producer, (
-                    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
-                    num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-                    window_left, window_right, GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                )),
+                (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
+                             ACCUMULATE, 0, 1)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
             [PRODUCER_REGS],
