@@ -37,12 +37,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from thd.ops.attention.gluon.compat import cta_barrier, tma_load
+from thd.ops.attention.gluon.tiles import key_tiles, query_tiles, row_descriptor, visible
 
 __all__ = ["_dkdv_kernel", "_dq_kernel", "_preprocess_kernel"]
 
@@ -104,84 +104,6 @@ def _sequence_pair(
 
 
 @gluon.jit
-def _tile_ranges(
-    t0, t_last, d_lo, d_hi, partners, BLOCK: gl.constexpr, HAS_LO: gl.constexpr, HAS_HI: gl.constexpr
-):
-    """Partner tiles of own indices ``[t0, t_last]``, partner ``p`` visible iff ``p - t`` in
-    ``[d_lo, d_hi]`` and ``0 <= p < partners``: ``(a, b, c, end)`` with ``[a, b)`` and
-    ``[c, end)`` masked and ``[b, c)`` seen in full (the tl kernels' split)."""
-    lo = t0 * 0
-    full_lo = t0 * 0
-    end = partners
-    full_hi = partners
-    if HAS_LO:
-        lo = gl.maximum(t0 + d_lo, 0)
-        full_lo = gl.maximum(t_last + d_lo, 0)
-    if HAS_HI:
-        end = gl.maximum(gl.minimum(t_last + d_hi + 1, partners), 0)
-        full_hi = gl.maximum(gl.minimum(t0 + d_hi + 1, partners), 0)
-    a = (lo // BLOCK) * BLOCK
-    b = gl.cdiv(full_lo, BLOCK) * BLOCK
-    c = (full_hi // BLOCK) * BLOCK
-    if c <= b:
-        b = a
-        c = a
-    end = gl.maximum(end, c)
-    return a, b, c, end
-
-
-@gluon.jit
-def _query_tiles(
-    n0,
-    seqlen_k,
-    seqlen_q,
-    d_lo,
-    d_hi,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-):
-    """Query tiles of key tile ``[n0, n0 + BLOCK_N)``: ``(a, b, c, end)``; a partial key tile is
-    masked everywhere. Query ``r`` sees key ``c`` iff ``r - c`` in ``[-d_hi, -d_lo]``."""
-    last = gl.minimum(n0 + BLOCK_N, seqlen_k) - 1
-    a, b, c, end = _tile_ranges(n0, last, -d_hi, -d_lo, seqlen_q, BLOCK_M, HAS_RIGHT, HAS_LEFT)
-    if last < n0 + BLOCK_N - 1:
-        b = a
-        c = a
-    return a, b, c, end
-
-
-@gluon.jit
-def _key_tiles(
-    m0,
-    seqlen_q,
-    seqlen_k,
-    d_lo,
-    d_hi,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-):
-    """Key tiles of query tile ``[m0, m0 + BLOCK_M)``: ``(a, b, c, end)``; a partial query tile
-    needs no mask of its own (its rows past the end have lse = +inf, so P = 0)."""
-    last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
-    return _tile_ranges(m0, last, d_lo, d_hi, seqlen_k, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-
-
-@gluon.jit
-def _visible(r, c, num_keys, d_lo, d_hi, HAS_LO: gl.constexpr, HAS_HI: gl.constexpr):
-    """Mask of visible (query ``r``, key ``c``) pairs, broadcast against each other."""
-    seen = c < num_keys
-    if HAS_LO:
-        seen = seen & (c - r >= d_lo)
-    if HAS_HI:
-        seen = seen & (c - r <= d_hi)
-    return seen
-
-
-@gluon.jit
 def _zero_padding(
     base_ptr,
     stride_t,
@@ -205,21 +127,6 @@ def _zero_padding(
         rows = gl.expand_dims(row0 + offs_r, 1)
         ptrs = base_ptr + rows.to(gl.int64) * stride_t + gl.expand_dims(offs_w, 0)
         gl.store(ptrs, zero, mask=(rows < hi) & (gl.expand_dims(offs_w, 0) < WIDTH))
-
-
-@gluon.jit
-def _row_descriptor(
-    base, num_rows, width, stride_t, BLOCK_R: gl.constexpr, BLOCK_W: gl.constexpr, layout: gl.constexpr
-):
-    """A TMA descriptor over the ``[num_rows, width]`` view at ``base`` read in
-    ``[BLOCK_R, BLOCK_W]`` tiles: rows past ``num_rows`` load as zeros and are never read."""
-    return tma.make_tensor_descriptor(
-        base,
-        shape=[gl.maximum(num_rows, 1), width],
-        strides=[stride_t, 1],
-        block_shape=[BLOCK_R, BLOCK_W],
-        layout=layout,
-    )
 
 
 # ----------------------------------------------------------------------------- preprocess
@@ -312,10 +219,10 @@ def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT:
     smem: gl.constexpr = _SMEM_LAYOUT
     width_kv = (kv_head + 1) * HEAD_DIM
     width_q = width_kv * GROUP
-    k_desc = _row_descriptor(k_base, seqlen_k, width_kv, stride_kt, BLOCK_N, HEAD_DIM, smem)
-    v_desc = _row_descriptor(v_base, seqlen_k, width_kv, stride_vt, BLOCK_N, HEAD_DIM, smem)
-    q_desc = _row_descriptor(q_base, seqlen_q, width_q, stride_qt, BLOCK_M, HEAD_DIM, smem)
-    do_desc = _row_descriptor(do_base, seqlen_q, width_q, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    k_desc = row_descriptor(k_base, seqlen_k, width_kv, stride_kt, BLOCK_N, HEAD_DIM, smem)
+    v_desc = row_descriptor(v_base, seqlen_k, width_kv, stride_vt, BLOCK_N, HEAD_DIM, smem)
+    q_desc = row_descriptor(q_base, seqlen_q, width_q, stride_qt, BLOCK_M, HEAD_DIM, smem)
+    do_desc = row_descriptor(do_base, seqlen_q, width_q, stride_dot, BLOCK_M, HEAD_DIM, smem)
     it = 0
     j = 0
     for n_block in range(first, gl.cdiv(seqlen_k, BLOCK_N), step):
@@ -324,7 +231,7 @@ def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT:
         mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma_load(k_desc, [n0, kv_head * HEAD_DIM], kv_ready, k_smem)
         tma_load(v_desc, [n0, kv_head * HEAD_DIM], kv_ready, v_smem)
-        a, _, _, end = _query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        a, _, _, end = query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         for g in range(GROUP):
             col = (kv_head * GROUP + g) * HEAD_DIM
             for m0 in range(a, end, BLOCK_M):
@@ -415,9 +322,7 @@ def _dkdv_consumer(
         n0 = n_block * BLOCK_N
         own0 = n0 + WG * WG_ROWS
         cols = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout)), 1)
-        a, b_, c, end = _query_tiles(
-            n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
-        )
+        a, b_, c, end = query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
         dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
         mbarrier.wait(kv_ready, j & 1)
@@ -449,7 +354,7 @@ def _dkdv_consumer(
                 p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 0))
                 if (m0 < b_) | (m0 >= c):
                     rows = gl.expand_dims(rows_1d, 0)
-                    p = gl.where(_visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
+                    p = gl.where(visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
                 p_op = gl.convert_layout(p.to(dtype), a_layout)
                 dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
                 dp = warpgroup_mma_wait(1, deps=(dp_tok,))
@@ -719,10 +624,10 @@ def _dq_producer(args, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     smem: gl.constexpr = _SMEM_LAYOUT
-    q_desc = _row_descriptor(q_base, seqlen_q, HEAD_DIM, stride_qt, BLOCK_M, HEAD_DIM, smem)
-    do_desc = _row_descriptor(do_base, seqlen_q, HEAD_DIM, stride_dot, BLOCK_M, HEAD_DIM, smem)
-    k_desc = _row_descriptor(k_base, seqlen_k, HEAD_DIM, stride_kt, BLOCK_N, HEAD_DIM, smem)
-    v_desc = _row_descriptor(v_base, seqlen_k, HEAD_DIM, stride_vt, BLOCK_N, HEAD_DIM, smem)
+    q_desc = row_descriptor(q_base, seqlen_q, HEAD_DIM, stride_qt, BLOCK_M, HEAD_DIM, smem)
+    do_desc = row_descriptor(do_base, seqlen_q, HEAD_DIM, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    k_desc = row_descriptor(k_base, seqlen_k, HEAD_DIM, stride_kt, BLOCK_N, HEAD_DIM, smem)
+    v_desc = row_descriptor(v_base, seqlen_k, HEAD_DIM, stride_vt, BLOCK_N, HEAD_DIM, smem)
     it = 0
     j = 0
     for m_block in range(first, gl.cdiv(seqlen_q, BLOCK_M), step):
@@ -731,7 +636,7 @@ def _dq_producer(args, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
         mbarrier.expect(q_ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma_load(q_desc, [m0, 0], q_ready, q_smem)
         tma_load(do_desc, [m0, 0], q_ready, do_smem)
-        a, _, _, end = _key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        a, _, _, end = key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         for n0 in range(a, end, BLOCK_N):
             stage = it % NUM_STAGES
             mbarrier.wait(empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
@@ -807,7 +712,7 @@ def _dq_consumer(
         lse = gl.load(lse_base + rows_1d, mask=rows_1d < seqlen_q, other=float("inf"))
         lse = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E, 1)
         minus_delta = -gl.expand_dims(gl.load(delta_base + rows_1d, mask=rows_1d < seqlen_q, other=0.0), 1)
-        a, b_, c, end = _key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        a, b_, c, end = key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         dq = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, dq_layout)
         mbarrier.wait(q_ready, j & 1)
         for n0 in range(a, end, BLOCK_N):
@@ -827,7 +732,7 @@ def _dq_consumer(
             p = gl.exp2(s * qk_scale - lse)
             if (n0 < b_) | (n0 >= c):
                 cols = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
-                p = gl.where(_visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
+                p = gl.where(visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds = gl.convert_layout((p * dp * sm_scale).to(dtype), a_layout)
             dq_tok = warpgroup_mma(ds, k_tile, dq, is_async=True)
