@@ -188,30 +188,9 @@ def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT:
     One descriptor per tensor over this sequence's ``[length, heads * D]`` rows (heads adjacent in
     a row); a head is a column offset, so no descriptor is rebuilt while copies are in flight."""
     (
-        q_base,
-        do_base,
-        k_base,
-        v_base,
-        stride_qt,
-        stride_dot,
-        stride_kt,
-        stride_vt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        kv_head,
-        first,
-        step,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        kv_ready,
-        kv_empty,
-        ready,
-        empty,
-    ) = args
+        q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
+        d_lo, d_hi, kv_head, first, step, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty,
+    ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     NUM_STAGES: gl.constexpr = q_smem.shape[0]
@@ -260,35 +239,10 @@ def _dkdv_consumer(
     (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``); dQ added with fp32 atomics (``DQ_ATOMIC``). Tile
     shapes come from the shared-memory buffers, the warps from this partition."""
     (
-        lse_ptr,
-        delta_ptr,
-        dk_base,
-        dv_base,
-        dq_ptr,
-        stride_dkt,
-        stride_dvt,
-        stride_dqt,
-        stride_dqh,
-        stride_lse_h,
-        q_start,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        kv_head,
-        first,
-        step,
-        sm_scale,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        ds_smem,
-        kv_ready,
-        kv_empty,
-        ready,
-        empty,
-    ) = args
+        lse_ptr, delta_ptr, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh,
+        stride_lse_h, q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem,
+        v_smem, q_smem, do_smem, ds_smem, kv_ready, kv_empty, ready, empty,
+    ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     NUM_STAGES: gl.constexpr = q_smem.shape[0]
@@ -410,56 +364,15 @@ def _dkdv_consumer(
 
 @gluon.jit
 def _dkdv_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dk_ptr,
-    dv_ptr,
-    dq_ptr,
-    cu_q_ptr,
-    cu_k_ptr,
-    cup_q_ptr,
-    cup_k_ptr,
-    pos_q_ptr,
-    pos_k_ptr,
-    rows_q,
-    rows_k,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_dot,
-    stride_doh,
-    stride_dkt,
-    stride_dkh,
-    stride_dvt,
-    stride_dvh,
-    stride_dqt,
-    stride_dqh,
-    stride_lse_h,
-    sm_scale,
-    window_left,
-    window_right,
-    GROUP: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
-    HAS_POSITIONS: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    ACCUMULATE: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
-    NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, cup_q_ptr,
+    cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+    stride_vh, stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
+    stride_dqh, stride_lse_h, sm_scale, window_left, window_right, GROUP: gl.constexpr,
+    HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
     kv_head = gl.program_id(1)
     b = gl.program_id(2)
     num_seqs = gl.num_programs(2) - 1
@@ -475,19 +388,9 @@ def _dkdv_kernel(
     if b == num_seqs:
         return
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
-        cu_q_ptr,
-        cup_q_ptr,
-        cu_k_ptr,
-        cup_k_ptr,
-        pos_q_ptr,
-        pos_k_ptr,
-        b,
-        rows_q,
-        rows_k,
-        window_left,
-        window_right,
-        HAS_POSITIONS,
-    )
+        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
+        window_right, HAS_POSITIONS,
+    )  # fmt: skip
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     smem: gl.constexpr = _SMEM_LAYOUT
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], smem)
@@ -514,60 +417,16 @@ def _dkdv_kernel(
     first = gl.program_id(0)
     step = gl.num_programs(0)
     consumer = (
-        lse_ptr,
-        delta_ptr,
-        dk_base,
-        dv_base,
-        dq_ptr,
-        stride_dkt,
-        stride_dvt,
-        stride_dqt,
-        stride_dqh,
-        stride_lse_h,
-        q_start,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        kv_head,
-        first,
-        step,
-        sm_scale,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        ds_smem,
-        kv_ready,
-        kv_empty,
-        ready,
-        empty,
-    )
+        lse_ptr, delta_ptr, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh,
+        stride_lse_h, q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem,
+        v_smem, q_smem, do_smem, ds_smem, kv_ready, kv_empty, ready, empty,
+    )  # fmt: skip
     producer = (
-        q_ptr + q_start.to(gl.int64) * stride_qt,
-        do_ptr + q_start.to(gl.int64) * stride_dot,
-        k_ptr + k_start.to(gl.int64) * stride_kt,
-        v_ptr + k_start.to(gl.int64) * stride_vt,
-        stride_qt,
-        stride_dot,
-        stride_kt,
-        stride_vt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        kv_head,
-        first,
-        step,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        kv_ready,
-        kv_empty,
-        ready,
-        empty,
-    )
+        q_ptr + q_start.to(gl.int64) * stride_qt, do_ptr + q_start.to(gl.int64) * stride_dot,
+        k_ptr + k_start.to(gl.int64) * stride_kt, v_ptr + k_start.to(gl.int64) * stride_vt, stride_qt,
+        stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, k_smem,
+        v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty,
+    )  # fmt: skip
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
@@ -596,29 +455,9 @@ def _dkdv_kernel(
 def _dq_producer(args, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
     """TMA loads: Q and dO of each query tile, then K and V of every visible key tile."""
     (
-        q_base,
-        do_base,
-        k_base,
-        v_base,
-        stride_qt,
-        stride_dot,
-        stride_kt,
-        stride_vt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        first,
-        step,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_ready,
-        q_empty,
-        ready,
-        empty,
-    ) = args
+        q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
+        d_lo, d_hi, first, step, q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+    ) = args  # fmt: skip
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     HEAD_DIM: gl.constexpr = q_smem.shape[1]
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
@@ -661,26 +500,9 @@ def _dq_consumer(
     (``WG_ROWS = BLOCK_M / NUM_CONSUMERS``), summed over key tiles in a fixed order. Tile shapes
     come from the shared-memory buffers, the warps from this partition."""
     (
-        lse_base,
-        delta_base,
-        dq_base,
-        stride_dqt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        first,
-        step,
-        sm_scale,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_ready,
-        q_empty,
-        ready,
-        empty,
-    ) = args
+        lse_base, delta_base, dq_base, stride_dqt, seqlen_q, seqlen_k, d_lo, d_hi, first, step, sm_scale,
+        q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+    ) = args  # fmt: skip
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     HEAD_DIM: gl.constexpr = q_smem.shape[1]
     NUM_STAGES: gl.constexpr = k_smem.shape[0]
@@ -754,49 +576,14 @@ def _dq_consumer(
 
 @gluon.jit
 def _dq_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dq_ptr,
-    cu_q_ptr,
-    cu_k_ptr,
-    cup_q_ptr,
-    cup_k_ptr,
-    pos_q_ptr,
-    pos_k_ptr,
-    rows_q,
-    rows_k,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_dot,
-    stride_doh,
-    stride_dqt,
-    stride_dqh,
-    stride_lse_h,
-    sm_scale,
-    window_left,
-    window_right,
-    GROUP: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
-    HAS_POSITIONS: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    ACCUMULATE: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
-    NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, cup_q_ptr, cup_k_ptr,
+    pos_q_ptr, pos_k_ptr, rows_q, rows_k, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_dot, stride_doh, stride_dqt, stride_dqh, stride_lse_h, sm_scale, window_left, window_right,
+    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
     head = gl.program_id(1)
     b = gl.program_id(2)
     num_seqs = gl.num_programs(2) - 1
@@ -808,19 +595,9 @@ def _dq_kernel(
     if b == num_seqs:
         return
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
-        cu_q_ptr,
-        cup_q_ptr,
-        cu_k_ptr,
-        cup_k_ptr,
-        pos_q_ptr,
-        pos_k_ptr,
-        b,
-        rows_q,
-        rows_k,
-        window_left,
-        window_right,
-        HAS_POSITIONS,
-    )
+        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
+        window_right, HAS_POSITIONS,
+    )  # fmt: skip
     kv_head = head // GROUP
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     smem: gl.constexpr = _SMEM_LAYOUT
@@ -848,50 +625,13 @@ def _dq_kernel(
     first = gl.program_id(0)
     step = gl.num_programs(0)
     consumer = (
-        lse_base,
-        delta_base,
-        dq_base,
-        stride_dqt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        first,
-        step,
-        sm_scale,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_ready,
-        q_empty,
-        ready,
-        empty,
-    )
+        lse_base, delta_base, dq_base, stride_dqt, seqlen_q, seqlen_k, d_lo, d_hi, first, step, sm_scale,
+        q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+    )  # fmt: skip
     producer = (
-        q_base,
-        do_base,
-        k_base,
-        v_base,
-        stride_qt,
-        stride_dot,
-        stride_kt,
-        stride_vt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        first,
-        step,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_ready,
-        q_empty,
-        ready,
-        empty,
-    )
+        q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
+        d_lo, d_hi, first, step, q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+    )  # fmt: skip
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
