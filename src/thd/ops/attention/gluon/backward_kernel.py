@@ -129,6 +129,24 @@ def _zero_padding(
         gl.store(ptrs, zero, mask=(rows < hi) & (gl.expand_dims(offs_w, 0) < WIDTH))
 
 
+@gluon.jit
+def _barriers(NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    """The pipeline's mbarriers, initialised and fenced: ``(tile_ready, tile_empty, ready, empty)``
+    for the tile loaded once per outer step and for the ``NUM_STAGES`` ring; the empty ones count
+    one arrival per consumer partition."""
+    tile_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    tile_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(tile_ready, count=1)
+    mbarrier.init(tile_empty, count=NUM_CONSUMERS)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
+    fence_async_shared()
+    return tile_ready, tile_empty, ready, empty
+
+
 # ----------------------------------------------------------------------------- preprocess
 
 
@@ -402,16 +420,7 @@ def _dkdv_kernel(
         ds_smem = gl.allocate_shared_memory(dtype, [2 * NUM_CONSUMERS, WG_ROWS, BLOCK_M], smem)
     else:
         ds_smem = k_smem  # unused
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    mbarrier.init(kv_empty, count=NUM_CONSUMERS)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
-    fence_async_shared()
+    kv_ready, kv_empty, ready, empty = _barriers(NUM_STAGES=NUM_STAGES, NUM_CONSUMERS=NUM_CONSUMERS)
     dk_base = dk_head + k_start.to(gl.int64) * stride_dkt
     dv_base = dv_head + k_start.to(gl.int64) * stride_dvt
     first = gl.program_id(0)
@@ -605,16 +614,7 @@ def _dq_kernel(
     do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], smem)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_empty, count=NUM_CONSUMERS)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
-    fence_async_shared()
+    q_ready, q_empty, ready, empty = _barriers(NUM_STAGES=NUM_STAGES, NUM_CONSUMERS=NUM_CONSUMERS)
     q_base = q_ptr + q_start.to(gl.int64) * stride_qt + head * stride_qh
     do_base = do_ptr + q_start.to(gl.int64) * stride_dot + head * stride_doh
     k_base = k_ptr + k_start.to(gl.int64) * stride_kt + kv_head * stride_kh
