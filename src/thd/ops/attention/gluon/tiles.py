@@ -42,16 +42,9 @@ def tile_ranges(
 
 @gluon.jit
 def query_tiles(
-    n0,
-    seqlen_k,
-    seqlen_q,
-    d_lo,
-    d_hi,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-):
+    n0, seqlen_k, seqlen_q, d_lo, d_hi,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+):  # fmt: skip
     """Query tiles of key tile ``[n0, n0 + BLOCK_N)``: ``(a, b, c, end)``; a partial key tile is
     masked everywhere. Query ``r`` sees key ``c`` iff ``r - c`` in ``[-d_hi, -d_lo]``."""
     last = gl.minimum(n0 + BLOCK_N, seqlen_k) - 1
@@ -64,16 +57,9 @@ def query_tiles(
 
 @gluon.jit
 def key_tiles(
-    m0,
-    seqlen_q,
-    seqlen_k,
-    d_lo,
-    d_hi,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-):
+    m0, seqlen_q, seqlen_k, d_lo, d_hi,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+):  # fmt: skip
     """Key tiles of query tile ``[m0, m0 + BLOCK_M)``: ``(a, b, c, end)``; a partial query tile
     needs no mask of its own (its rows past the end have lse = +inf, so P = 0)."""
     last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
