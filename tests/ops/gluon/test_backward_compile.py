@@ -2,43 +2,25 @@
 FA3 structure: async wgmma, TMA bulk-tensor loads against mbarriers, register budgets moved by
 ``setmaxnreg`` to the consumer warpgroups, fp32 atomics for dQ on the default path.
 
-Compiles in a subprocess (``tests/ops/gluon/_compile_bwd_sm90.py``, ``TRITON_INTERPRET`` unset,
+Compiles in a subprocess (``tests/ops/gluon/_compile_sm90.py``, ``TRITON_INTERPRET`` unset,
 fresh ``TRITON_CACHE_DIR``): with this interpreter's Triton (CI: 3.9) and with the Triton 3.6 the
 GPU machine runs, through the interpreter named by ``THD_TRITON36_PYTHON`` (skipped when unset).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "tests" / "ops" / "gluon" / "_compile_bwd_sm90.py"
+from tests.ops.gluon._compile_sm90 import compile_in_subprocess
+
 CONFIGS = ("dkdv-d128", "dq-d64")  # the two kernels; each compile takes seconds on CI's two cores
 
 
 def _compile(python: str) -> dict[str, dict[str, object]]:
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = env.get("TRITON_DEFAULT_FP_FUSION", "1")
-    with tempfile.TemporaryDirectory() as cache:
-        env["TRITON_CACHE_DIR"] = cache
-        proc = subprocess.run(
-            [python, str(SCRIPT), *CONFIGS],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    stats = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return {s["name"]: s for s in stats}  # type: ignore[misc]
+    return compile_in_subprocess(python, CONFIGS, ptxas=True)
 
 
 def _assert_fa3_structure(stats: dict[str, dict[str, object]]) -> None:

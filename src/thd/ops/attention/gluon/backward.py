@@ -12,18 +12,20 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
 from torch import Tensor
-from triton.runtime import _allocation
 
-from thd.ops.attention.gluon.compat import HAS_GLUON
+from thd.ops.attention.gluon.host import (
+    HEAD_DIMS,
+    ensure_allocator,
+    kernel_positions,
+    on_gluon_device,
+    same_dtype,
+)
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = ["ATOMIC_DQ", "TILES", "GluonTile", "backward", "supports_backward"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-HEAD_DIMS = (64, 128)
-DTYPES = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -84,15 +86,6 @@ if os.environ.get("THD_GLUON_BWD_CONSUMERS", "1") == "2":
 ATOMIC_DQ = os.environ.get("THD_GLUON_DQ_ATOMIC", "0") == "1"
 _PREPROCESS_ROWS = 64
 
-_capable_devices: dict[int, bool] = {}
-
-
-def _is_sm90(device: torch.device) -> bool:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _capable_devices:
-        _capable_devices[index] = torch.cuda.get_device_capability(index) == (9, 0)
-    return _capable_devices[index]
-
 
 def _tma_readable(t: Tensor) -> bool:
     """Rows of a ``[T, H, D]`` tensor the kernels' descriptors can read: heads adjacent in a row
@@ -117,29 +110,16 @@ def supports_backward(
     accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> bool:
     """Whether :func:`backward` covers this call (metadata only: no device reads)."""
-    if not HAS_GLUON or _INTERPRET or not q.is_cuda:
-        return False
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+    if _INTERPRET or not on_gluon_device(q) or not same_dtype(q, k, v):
         return False
     head_dim = q.shape[2]
     if head_dim not in HEAD_DIMS or k.shape[2] != head_dim or v.shape[2] != head_dim:
         return False
-    if options.softcap > 0.0 or not _is_sm90(q.device):
+    if options.softcap > 0.0:
         return False
     if accumulate is not None and any(t.dtype != torch.float32 for t in accumulate):
         return False
     return all(_tma_readable(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
-
-
-def _scratch(size: int, alignment: int, stream: int | None) -> Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_allocator() -> None:
-    """Device-side tensor descriptors need a per-launch global scratch, allocated through the
-    launching thread's Triton allocator (autograd's backward runs in a thread of its own)."""
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
 
 
 def _cdiv(x: int, y: int) -> int:
@@ -148,12 +128,6 @@ def _cdiv(x: int, y: int) -> int:
 
 def _readable(t: Tensor) -> Tensor:
     return t if _tma_readable(t) else t.contiguous()
-
-
-def _positions(layout: VarlenLayout) -> tuple[Tensor, Tensor]:
-    if layout.positions_q is None or layout.positions_kv is None:
-        return layout.cu_seqlens_q, layout.cu_seqlens_kv  # unused: HAS_POSITIONS is False
-    return layout.positions_q, layout.positions_kv
 
 
 def backward(
@@ -214,13 +188,15 @@ def backward(
             NUM_WARPS=4,
             num_warps=4,
         )
-    _ensure_allocator()
+    ensure_allocator()
+    has_positions, pos_q, pos_kv = kernel_positions(layout)
     sequences = (
         layout.cu_seqlens_q,
         layout.cu_seqlens_kv,
         layout.slots_q,
         layout.slots_kv,
-        *_positions(layout),
+        pos_q,
+        pos_kv,
         q.shape[0],
         k.shape[0],
         q.stride(0),
@@ -235,7 +211,7 @@ def backward(
     variant = {
         "GROUP": num_heads // num_kv_heads,
         "HEAD_DIM": q.shape[2],
-        "HAS_POSITIONS": layout.positions_q is not None,
+        "HAS_POSITIONS": has_positions,
         "HAS_LEFT": options.window_left >= 0,
         "HAS_RIGHT": options.window_right >= 0,
         "ACCUMULATE": accumulate is not None,

@@ -37,12 +37,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from thd.ops.attention.gluon.compat import cta_barrier, tma_load
+from thd.ops.attention.gluon.tiles import key_tiles, query_tiles, row_descriptor, visible
 
 __all__ = ["_dkdv_kernel", "_dq_kernel", "_preprocess_kernel"]
 
@@ -104,84 +104,6 @@ def _sequence_pair(
 
 
 @gluon.jit
-def _tile_ranges(
-    t0, t_last, d_lo, d_hi, partners, BLOCK: gl.constexpr, HAS_LO: gl.constexpr, HAS_HI: gl.constexpr
-):
-    """Partner tiles of own indices ``[t0, t_last]``, partner ``p`` visible iff ``p - t`` in
-    ``[d_lo, d_hi]`` and ``0 <= p < partners``: ``(a, b, c, end)`` with ``[a, b)`` and
-    ``[c, end)`` masked and ``[b, c)`` seen in full (the tl kernels' split)."""
-    lo = t0 * 0
-    full_lo = t0 * 0
-    end = partners
-    full_hi = partners
-    if HAS_LO:
-        lo = gl.maximum(t0 + d_lo, 0)
-        full_lo = gl.maximum(t_last + d_lo, 0)
-    if HAS_HI:
-        end = gl.maximum(gl.minimum(t_last + d_hi + 1, partners), 0)
-        full_hi = gl.maximum(gl.minimum(t0 + d_hi + 1, partners), 0)
-    a = (lo // BLOCK) * BLOCK
-    b = gl.cdiv(full_lo, BLOCK) * BLOCK
-    c = (full_hi // BLOCK) * BLOCK
-    if c <= b:
-        b = a
-        c = a
-    end = gl.maximum(end, c)
-    return a, b, c, end
-
-
-@gluon.jit
-def _query_tiles(
-    n0,
-    seqlen_k,
-    seqlen_q,
-    d_lo,
-    d_hi,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-):
-    """Query tiles of key tile ``[n0, n0 + BLOCK_N)``: ``(a, b, c, end)``; a partial key tile is
-    masked everywhere. Query ``r`` sees key ``c`` iff ``r - c`` in ``[-d_hi, -d_lo]``."""
-    last = gl.minimum(n0 + BLOCK_N, seqlen_k) - 1
-    a, b, c, end = _tile_ranges(n0, last, -d_hi, -d_lo, seqlen_q, BLOCK_M, HAS_RIGHT, HAS_LEFT)
-    if last < n0 + BLOCK_N - 1:
-        b = a
-        c = a
-    return a, b, c, end
-
-
-@gluon.jit
-def _key_tiles(
-    m0,
-    seqlen_q,
-    seqlen_k,
-    d_lo,
-    d_hi,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-):
-    """Key tiles of query tile ``[m0, m0 + BLOCK_M)``: ``(a, b, c, end)``; a partial query tile
-    needs no mask of its own (its rows past the end have lse = +inf, so P = 0)."""
-    last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
-    return _tile_ranges(m0, last, d_lo, d_hi, seqlen_k, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-
-
-@gluon.jit
-def _visible(r, c, num_keys, d_lo, d_hi, HAS_LO: gl.constexpr, HAS_HI: gl.constexpr):
-    """Mask of visible (query ``r``, key ``c``) pairs, broadcast against each other."""
-    seen = c < num_keys
-    if HAS_LO:
-        seen = seen & (c - r >= d_lo)
-    if HAS_HI:
-        seen = seen & (c - r <= d_hi)
-    return seen
-
-
-@gluon.jit
 def _zero_padding(
     base_ptr,
     stride_t,
@@ -208,18 +130,21 @@ def _zero_padding(
 
 
 @gluon.jit
-def _row_descriptor(
-    base, num_rows, width, stride_t, BLOCK_R: gl.constexpr, BLOCK_W: gl.constexpr, layout: gl.constexpr
-):
-    """A TMA descriptor over the ``[num_rows, width]`` view at ``base`` read in
-    ``[BLOCK_R, BLOCK_W]`` tiles: rows past ``num_rows`` load as zeros and are never read."""
-    return tma.make_tensor_descriptor(
-        base,
-        shape=[gl.maximum(num_rows, 1), width],
-        strides=[stride_t, 1],
-        block_shape=[BLOCK_R, BLOCK_W],
-        layout=layout,
-    )
+def _barriers(NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    """The pipeline's mbarriers, initialised and fenced: ``(tile_ready, tile_empty, ready, empty)``
+    for the tile loaded once per outer step and for the ``NUM_STAGES`` ring; the empty ones count
+    one arrival per consumer partition."""
+    tile_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    tile_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(tile_ready, count=1)
+    mbarrier.init(tile_empty, count=NUM_CONSUMERS)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
+    fence_async_shared()
+    return tile_ready, tile_empty, ready, empty
 
 
 # ----------------------------------------------------------------------------- preprocess
@@ -275,52 +200,26 @@ def _preprocess_kernel(
 
 
 @gluon.jit
-def _dkdv_producer(
-    args,
-    GROUP: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-):
+def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
     """TMA loads: K and V of each key tile, then Q and dO of every visible query tile of each head.
 
     One descriptor per tensor over this sequence's ``[length, heads * D]`` rows (heads adjacent in
     a row); a head is a column offset, so no descriptor is rebuilt while copies are in flight."""
     (
-        q_base,
-        do_base,
-        k_base,
-        v_base,
-        stride_qt,
-        stride_dot,
-        stride_kt,
-        stride_vt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        kv_head,
-        first,
-        step,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        kv_ready,
-        kv_empty,
-        ready,
-        empty,
-    ) = args
+        q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
+        d_lo, d_hi, kv_head, first, step, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty,
+    ) = args  # fmt: skip
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    HEAD_DIM: gl.constexpr = k_smem.shape[1]
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
     smem: gl.constexpr = _SMEM_LAYOUT
     width_kv = (kv_head + 1) * HEAD_DIM
     width_q = width_kv * GROUP
-    k_desc = _row_descriptor(k_base, seqlen_k, width_kv, stride_kt, BLOCK_N, HEAD_DIM, smem)
-    v_desc = _row_descriptor(v_base, seqlen_k, width_kv, stride_vt, BLOCK_N, HEAD_DIM, smem)
-    q_desc = _row_descriptor(q_base, seqlen_q, width_q, stride_qt, BLOCK_M, HEAD_DIM, smem)
-    do_desc = _row_descriptor(do_base, seqlen_q, width_q, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    k_desc = row_descriptor(k_base, seqlen_k, width_kv, stride_kt, BLOCK_N, HEAD_DIM, smem)
+    v_desc = row_descriptor(v_base, seqlen_k, width_kv, stride_vt, BLOCK_N, HEAD_DIM, smem)
+    q_desc = row_descriptor(q_base, seqlen_q, width_q, stride_qt, BLOCK_M, HEAD_DIM, smem)
+    do_desc = row_descriptor(do_base, seqlen_q, width_q, stride_dot, BLOCK_M, HEAD_DIM, smem)
     it = 0
     j = 0
     for n_block in range(first, gl.cdiv(seqlen_k, BLOCK_N), step):
@@ -329,7 +228,7 @@ def _dkdv_producer(
         mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma_load(k_desc, [n0, kv_head * HEAD_DIM], kv_ready, k_smem)
         tma_load(v_desc, [n0, kv_head * HEAD_DIM], kv_ready, v_smem)
-        a, _, _, end = _query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        a, _, _, end = query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         for g in range(GROUP):
             col = (kv_head * GROUP + g) * HEAD_DIM
             for m0 in range(a, end, BLOCK_M):
@@ -347,50 +246,27 @@ def _dkdv_producer(
 def _dkdv_consumer(
     args,
     GROUP: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
     HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr,
     ACCUMULATE: gl.constexpr,
     DQ_ATOMIC: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
-    WG_ROWS: gl.constexpr,
 ):
-    """dK and dV of key rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each key tile in registers;
-    dQ added with fp32 atomics (``DQ_ATOMIC``). One consumer partition of ``NUM_WARPS`` warps."""
+    """dK and dV of key rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each key tile in registers
+    (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``); dQ added with fp32 atomics (``DQ_ATOMIC``). Tile
+    shapes come from the shared-memory buffers, the warps from this partition."""
     (
-        lse_ptr,
-        delta_ptr,
-        dk_base,
-        dv_base,
-        dq_ptr,
-        stride_dkt,
-        stride_dvt,
-        stride_dqt,
-        stride_dqh,
-        stride_lse_h,
-        q_start,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        kv_head,
-        first,
-        step,
-        sm_scale,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        ds_smem,
-        kv_ready,
-        kv_empty,
-        ready,
-        empty,
-    ) = args
+        lse_ptr, delta_ptr, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh,
+        stride_lse_h, q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem,
+        v_smem, q_smem, do_smem, ds_smem, kv_ready, kv_empty, ready, empty,
+    ) = args  # fmt: skip
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    HEAD_DIM: gl.constexpr = k_smem.shape[1]
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    WG_ROWS: gl.constexpr = BLOCK_N // NUM_CONSUMERS
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16]
@@ -418,9 +294,7 @@ def _dkdv_consumer(
         n0 = n_block * BLOCK_N
         own0 = n0 + WG * WG_ROWS
         cols = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout)), 1)
-        a, b_, c, end = _query_tiles(
-            n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
-        )
+        a, b_, c, end = query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
         dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
         mbarrier.wait(kv_ready, j & 1)
@@ -452,7 +326,7 @@ def _dkdv_consumer(
                 p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 0))
                 if (m0 < b_) | (m0 >= c):
                     rows = gl.expand_dims(rows_1d, 0)
-                    p = gl.where(_visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
+                    p = gl.where(visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
                 p_op = gl.convert_layout(p.to(dtype), a_layout)
                 dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
                 dp = warpgroup_mma_wait(1, deps=(dp_tok,))
@@ -508,56 +382,15 @@ def _dkdv_consumer(
 
 @gluon.jit
 def _dkdv_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dk_ptr,
-    dv_ptr,
-    dq_ptr,
-    cu_q_ptr,
-    cu_k_ptr,
-    cup_q_ptr,
-    cup_k_ptr,
-    pos_q_ptr,
-    pos_k_ptr,
-    rows_q,
-    rows_k,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_dot,
-    stride_doh,
-    stride_dkt,
-    stride_dkh,
-    stride_dvt,
-    stride_dvh,
-    stride_dqt,
-    stride_dqh,
-    stride_lse_h,
-    sm_scale,
-    window_left,
-    window_right,
-    GROUP: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
-    HAS_POSITIONS: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    ACCUMULATE: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
-    NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, cup_q_ptr,
+    cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+    stride_vh, stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
+    stride_dqh, stride_lse_h, sm_scale, window_left, window_right, GROUP: gl.constexpr,
+    HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
     kv_head = gl.program_id(1)
     b = gl.program_id(2)
     num_seqs = gl.num_programs(2) - 1
@@ -573,19 +406,9 @@ def _dkdv_kernel(
     if b == num_seqs:
         return
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
-        cu_q_ptr,
-        cup_q_ptr,
-        cu_k_ptr,
-        cup_k_ptr,
-        pos_q_ptr,
-        pos_k_ptr,
-        b,
-        rows_q,
-        rows_k,
-        window_left,
-        window_right,
-        HAS_POSITIONS,
-    )
+        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
+        window_right, HAS_POSITIONS,
+    )  # fmt: skip
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     smem: gl.constexpr = _SMEM_LAYOUT
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], smem)
@@ -593,106 +416,31 @@ def _dkdv_kernel(
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
     WG_ROWS: gl.constexpr = BLOCK_N // NUM_CONSUMERS
-    FIRST_WG: gl.constexpr = 0
-    SECOND_WG: gl.constexpr = 1
     if DQ_ATOMIC:  # dS^T per consumer, double-buffered: the A operand of dQ = dS K
         ds_smem = gl.allocate_shared_memory(dtype, [2 * NUM_CONSUMERS, WG_ROWS, BLOCK_M], smem)
     else:
         ds_smem = k_smem  # unused
-    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_ready, count=1)
-    mbarrier.init(kv_empty, count=NUM_CONSUMERS)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
-    fence_async_shared()
+    kv_ready, kv_empty, ready, empty = _barriers(NUM_STAGES=NUM_STAGES, NUM_CONSUMERS=NUM_CONSUMERS)
     dk_base = dk_head + k_start.to(gl.int64) * stride_dkt
     dv_base = dv_head + k_start.to(gl.int64) * stride_dvt
     first = gl.program_id(0)
     step = gl.num_programs(0)
     consumer = (
-        lse_ptr,
-        delta_ptr,
-        dk_base,
-        dv_base,
-        dq_ptr,
-        stride_dkt,
-        stride_dvt,
-        stride_dqt,
-        stride_dqh,
-        stride_lse_h,
-        q_start,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        kv_head,
-        first,
-        step,
-        sm_scale,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        ds_smem,
-        kv_ready,
-        kv_empty,
-        ready,
-        empty,
-    )
+        lse_ptr, delta_ptr, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh,
+        stride_lse_h, q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem,
+        v_smem, q_smem, do_smem, ds_smem, kv_ready, kv_empty, ready, empty,
+    )  # fmt: skip
     producer = (
-        q_ptr + q_start.to(gl.int64) * stride_qt,
-        do_ptr + q_start.to(gl.int64) * stride_dot,
-        k_ptr + k_start.to(gl.int64) * stride_kt,
-        v_ptr + k_start.to(gl.int64) * stride_vt,
-        stride_qt,
-        stride_dot,
-        stride_kt,
-        stride_vt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        kv_head,
-        first,
-        step,
-        k_smem,
-        v_smem,
-        q_smem,
-        do_smem,
-        kv_ready,
-        kv_empty,
-        ready,
-        empty,
-    )
+        q_ptr + q_start.to(gl.int64) * stride_qt, do_ptr + q_start.to(gl.int64) * stride_dot,
+        k_ptr + k_start.to(gl.int64) * stride_kt, v_ptr + k_start.to(gl.int64) * stride_vt, stride_qt,
+        stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, k_smem,
+        v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty,
+    )  # fmt: skip
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (
-                    _dkdv_consumer,
-                    (
-                        consumer,
-                        GROUP,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        DQ_ATOMIC,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        FIRST_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (
-                    _dkdv_producer,
-                    (producer, GROUP, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES),
-                ),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 1, 0)),
+                (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
             [PRODUCER_REGS],
@@ -700,46 +448,9 @@ def _dkdv_kernel(
     else:  # two consumer warpgroups, each its half of the key tile, ordered only by the ring
         gl.warp_specialize(
             [
-                (
-                    _dkdv_consumer,
-                    (
-                        consumer,
-                        GROUP,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        DQ_ATOMIC,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        FIRST_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (
-                    _dkdv_consumer,
-                    (
-                        consumer,
-                        GROUP,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        DQ_ATOMIC,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        SECOND_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (
-                    _dkdv_producer,
-                    (producer, GROUP, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES),
-                ),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 0)),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 1)),
+                (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [NUM_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -750,45 +461,21 @@ def _dkdv_kernel(
 
 
 @gluon.jit
-def _dq_producer(
-    args,
-    HEAD_DIM: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-):
+def _dq_producer(args, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
     """TMA loads: Q and dO of each query tile, then K and V of every visible key tile."""
     (
-        q_base,
-        do_base,
-        k_base,
-        v_base,
-        stride_qt,
-        stride_dot,
-        stride_kt,
-        stride_vt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        first,
-        step,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_ready,
-        q_empty,
-        ready,
-        empty,
-    ) = args
+        q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
+        d_lo, d_hi, first, step, q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+    ) = args  # fmt: skip
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    NUM_STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
     smem: gl.constexpr = _SMEM_LAYOUT
-    q_desc = _row_descriptor(q_base, seqlen_q, HEAD_DIM, stride_qt, BLOCK_M, HEAD_DIM, smem)
-    do_desc = _row_descriptor(do_base, seqlen_q, HEAD_DIM, stride_dot, BLOCK_M, HEAD_DIM, smem)
-    k_desc = _row_descriptor(k_base, seqlen_k, HEAD_DIM, stride_kt, BLOCK_N, HEAD_DIM, smem)
-    v_desc = _row_descriptor(v_base, seqlen_k, HEAD_DIM, stride_vt, BLOCK_N, HEAD_DIM, smem)
+    q_desc = row_descriptor(q_base, seqlen_q, HEAD_DIM, stride_qt, BLOCK_M, HEAD_DIM, smem)
+    do_desc = row_descriptor(do_base, seqlen_q, HEAD_DIM, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    k_desc = row_descriptor(k_base, seqlen_k, HEAD_DIM, stride_kt, BLOCK_N, HEAD_DIM, smem)
+    v_desc = row_descriptor(v_base, seqlen_k, HEAD_DIM, stride_vt, BLOCK_N, HEAD_DIM, smem)
     it = 0
     j = 0
     for m_block in range(first, gl.cdiv(seqlen_q, BLOCK_M), step):
@@ -797,7 +484,7 @@ def _dq_producer(
         mbarrier.expect(q_ready, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma_load(q_desc, [m0, 0], q_ready, q_smem)
         tma_load(do_desc, [m0, 0], q_ready, do_smem)
-        a, _, _, end = _key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        a, _, _, end = key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         for n0 in range(a, end, BLOCK_N):
             stage = it % NUM_STAGES
             mbarrier.wait(empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
@@ -812,40 +499,25 @@ def _dq_producer(
 @gluon.jit
 def _dq_consumer(
     args,
-    HEAD_DIM: gl.constexpr,
     HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr,
     ACCUMULATE: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
-    WG_ROWS: gl.constexpr,
 ):
-    """dQ of query rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each query tile in registers,
-    summed over key tiles in a fixed order. One consumer partition of ``NUM_WARPS`` warps."""
+    """dQ of query rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each query tile in registers
+    (``WG_ROWS = BLOCK_M / NUM_CONSUMERS``), summed over key tiles in a fixed order. Tile shapes
+    come from the shared-memory buffers, the warps from this partition."""
     (
-        lse_base,
-        delta_base,
-        dq_base,
-        stride_dqt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        first,
-        step,
-        sm_scale,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_ready,
-        q_empty,
-        ready,
-        empty,
-    ) = args
+        lse_base, delta_base, dq_base, stride_dqt, seqlen_q, seqlen_k, d_lo, d_hi, first, step, sm_scale,
+        q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+    ) = args  # fmt: skip
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    NUM_STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    WG_ROWS: gl.constexpr = BLOCK_M // NUM_CONSUMERS
     dtype: gl.constexpr = k_smem.dtype
     if WG_ROWS == BLOCK_M:
         q_rows = q_smem
@@ -871,7 +543,7 @@ def _dq_consumer(
         lse = gl.load(lse_base + rows_1d, mask=rows_1d < seqlen_q, other=float("inf"))
         lse = gl.expand_dims(gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E, 1)
         minus_delta = -gl.expand_dims(gl.load(delta_base + rows_1d, mask=rows_1d < seqlen_q, other=0.0), 1)
-        a, b_, c, end = _key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        a, b_, c, end = key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         dq = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, dq_layout)
         mbarrier.wait(q_ready, j & 1)
         for n0 in range(a, end, BLOCK_N):
@@ -891,7 +563,7 @@ def _dq_consumer(
             p = gl.exp2(s * qk_scale - lse)
             if (n0 < b_) | (n0 >= c):
                 cols = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
-                p = gl.where(_visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
+                p = gl.where(visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
             dp = warpgroup_mma_wait(0, deps=(dp_tok,))
             ds = gl.convert_layout((p * dp * sm_scale).to(dtype), a_layout)
             dq_tok = warpgroup_mma(ds, k_tile, dq, is_async=True)
@@ -913,49 +585,14 @@ def _dq_consumer(
 
 @gluon.jit
 def _dq_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    lse_ptr,
-    delta_ptr,
-    dq_ptr,
-    cu_q_ptr,
-    cu_k_ptr,
-    cup_q_ptr,
-    cup_k_ptr,
-    pos_q_ptr,
-    pos_k_ptr,
-    rows_q,
-    rows_k,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_dot,
-    stride_doh,
-    stride_dqt,
-    stride_dqh,
-    stride_lse_h,
-    sm_scale,
-    window_left,
-    window_right,
-    GROUP: gl.constexpr,
-    HEAD_DIM: gl.constexpr,
-    HAS_POSITIONS: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    ACCUMULATE: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
-    NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, cup_q_ptr, cup_k_ptr,
+    pos_q_ptr, pos_k_ptr, rows_q, rows_k, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_dot, stride_doh, stride_dqt, stride_dqh, stride_lse_h, sm_scale, window_left, window_right,
+    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
     head = gl.program_id(1)
     b = gl.program_id(2)
     num_seqs = gl.num_programs(2) - 1
@@ -967,19 +604,9 @@ def _dq_kernel(
     if b == num_seqs:
         return
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
-        cu_q_ptr,
-        cup_q_ptr,
-        cu_k_ptr,
-        cup_k_ptr,
-        pos_q_ptr,
-        pos_k_ptr,
-        b,
-        rows_q,
-        rows_k,
-        window_left,
-        window_right,
-        HAS_POSITIONS,
-    )
+        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
+        window_right, HAS_POSITIONS,
+    )  # fmt: skip
     kv_head = head // GROUP
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     smem: gl.constexpr = _SMEM_LAYOUT
@@ -987,16 +614,7 @@ def _dq_kernel(
     do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], smem)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_empty, count=NUM_CONSUMERS)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
-    fence_async_shared()
+    q_ready, q_empty, ready, empty = _barriers(NUM_STAGES=NUM_STAGES, NUM_CONSUMERS=NUM_CONSUMERS)
     q_base = q_ptr + q_start.to(gl.int64) * stride_qt + head * stride_qh
     do_base = do_ptr + q_start.to(gl.int64) * stride_dot + head * stride_doh
     k_base = k_ptr + k_start.to(gl.int64) * stride_kt + kv_head * stride_kh
@@ -1006,74 +624,19 @@ def _dq_kernel(
     dq_base = dq_head + q_start.to(gl.int64) * stride_dqt
     first = gl.program_id(0)
     step = gl.num_programs(0)
-    WG_ROWS: gl.constexpr = BLOCK_M // NUM_CONSUMERS
-    FIRST_WG: gl.constexpr = 0
-    SECOND_WG: gl.constexpr = 1
     consumer = (
-        lse_base,
-        delta_base,
-        dq_base,
-        stride_dqt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        first,
-        step,
-        sm_scale,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_ready,
-        q_empty,
-        ready,
-        empty,
-    )
+        lse_base, delta_base, dq_base, stride_dqt, seqlen_q, seqlen_k, d_lo, d_hi, first, step, sm_scale,
+        q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+    )  # fmt: skip
     producer = (
-        q_base,
-        do_base,
-        k_base,
-        v_base,
-        stride_qt,
-        stride_dot,
-        stride_kt,
-        stride_vt,
-        seqlen_q,
-        seqlen_k,
-        d_lo,
-        d_hi,
-        first,
-        step,
-        q_smem,
-        do_smem,
-        k_smem,
-        v_smem,
-        q_ready,
-        q_empty,
-        ready,
-        empty,
-    )
+        q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
+        d_lo, d_hi, first, step, q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+    )  # fmt: skip
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (
-                    _dq_consumer,
-                    (
-                        consumer,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        FIRST_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (_dq_producer, (producer, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 1, 0)),
+                (_dq_producer, (producer, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
             [PRODUCER_REGS],
@@ -1081,39 +644,9 @@ def _dq_kernel(
     else:  # two consumer warpgroups, each its half of the query tile, ordered only by the ring
         gl.warp_specialize(
             [
-                (
-                    _dq_consumer,
-                    (
-                        consumer,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        FIRST_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (
-                    _dq_consumer,
-                    (
-                        consumer,
-                        HEAD_DIM,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        BLOCK_M,
-                        BLOCK_N,
-                        NUM_STAGES,
-                        NUM_WARPS,
-                        SECOND_WG,
-                        WG_ROWS,
-                    ),
-                ),
-                (_dq_producer, (producer, HEAD_DIM, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N, NUM_STAGES)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 0)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 1)),
+                (_dq_producer, (producer, HAS_LEFT, HAS_RIGHT)),
             ],
             [NUM_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],

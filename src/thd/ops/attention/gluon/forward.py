@@ -8,21 +8,23 @@ is for the ``tl`` kernels; the caller asks :func:`supports_forward` first.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 from torch import Tensor
-from triton.runtime import _allocation
 
-from thd.ops.attention.gluon.compat import gluon_available
+from thd.ops.attention.gluon.host import (
+    HEAD_DIMS,
+    device_index,
+    ensure_allocator,
+    kernel_positions,
+    num_sms,
+    on_gluon_device,
+    same_dtype,
+)
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = ["GluonTile", "TILES", "forward", "supports_forward", "tile_for"]
-
-HEAD_DIMS = (64, 128)
-DTYPES = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -64,16 +66,6 @@ TILES: dict[int, GluonTile] = {
 
 def tile_for(head_dim: int, head_dim_v: int) -> GluonTile:
     return TILES[max(head_dim, head_dim_v)]
-
-
-@functools.cache
-def _is_sm90(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) == (9, 0)
-
-
-@functools.cache
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _work_list(layout: VarlenLayout, num_rows: int, block_m: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -128,29 +120,13 @@ def supports_forward(
     TMA-addressable rows. ``options`` and ``sinks`` take any value the
     ``tl`` forward takes."""
     del options, sinks  # every window, softcap, sink and scale is covered
-    if not gluon_available() or not q.is_cuda:
-        return False
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if not _is_sm90(index):
-        return False
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+    if not on_gluon_device(q) or not same_dtype(q, k, v):
         return False
     if q.shape[2] not in HEAD_DIMS or k.shape[2] != q.shape[2] or v.shape[2] not in HEAD_DIMS:
         return False
     if accumulate is not None and accumulate[1].stride(1) != 1:
         return False
     return all(_copyable(t) for t in (q, k, v))
-
-
-def _scratch(size: int, alignment: int, stream: int | None) -> Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_allocator() -> None:
-    """Device-side tensor descriptors live in a global scratch Triton allocates per launch through
-    a per-thread allocator: set one in the launching thread if none is set."""
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
 
 
 def forward(
@@ -183,14 +159,12 @@ def forward(
             out.zero_()
             lse.fill_(float("-inf"))
         return out, lse
-    _ensure_allocator()
+    ensure_allocator()
     tile = tile_for(q.shape[2], v.shape[2])
-    positions = layout.positions_q is not None and layout.positions_kv is not None
-    pos_q, pos_kv = (layout.positions_q, layout.positions_kv) if positions else (layout.cu_seqlens_q,) * 2
+    positions, pos_q, pos_kv = kernel_positions(layout)
     softcap = options.softcap if options.softcap > 0.0 else 1.0
     seq, blk, count = _work_list(layout, num_rows, tile.block_m)
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    grid = (min(_num_sms(index) * tile.ctas_per_sm, seq.shape[0] * num_heads),)
+    grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, seq.shape[0] * num_heads),)
     attention_fwd_kernel[grid](
         q,
         k,

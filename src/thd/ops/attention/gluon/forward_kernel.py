@@ -36,6 +36,7 @@ from thd.ops.attention.gluon.compat import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from thd.ops.attention.gluon.tiles import key_tiles, visible
 
 __all__ = ["attention_fwd_kernel"]
 
@@ -101,42 +102,6 @@ def _fill_padding(
             gl.store(ptrs, zeros, mask=mask)
             rows_l = row0 + offs_l
             gl.store(lse_head + rows_l, minus_inf, mask=rows_l < hi)
-
-
-@gluon.jit
-def _tile_span(
-    m_block,
-    seqlen_q,
-    seqlen_k,
-    d_lo,
-    d_hi,
-    BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-):
-    """Key tiles of query tile ``m_block``: ``[a, end)`` in steps of ``BLOCK_N``, of which those
-    inside ``[b, c)`` are seen in full by every row (no mask); see ``kernels._tile_ranges``."""
-    t0 = m_block * BLOCK_M
-    t_last = gl.minimum(t0 + BLOCK_M, seqlen_q) - 1
-    lo = 0
-    full_lo = 0
-    end = seqlen_k
-    full_hi = seqlen_k
-    if HAS_LEFT:
-        lo = gl.maximum(t0 + d_lo, 0)
-        full_lo = gl.maximum(t_last + d_lo, 0)
-    if HAS_RIGHT:
-        end = gl.maximum(gl.minimum(t_last + d_hi + 1, seqlen_k), 0)
-        full_hi = gl.maximum(gl.minimum(t0 + d_hi + 1, seqlen_k), 0)
-    a = (lo // BLOCK_N) * BLOCK_N
-    b = gl.cdiv(full_lo, BLOCK_N) * BLOCK_N
-    c = (full_hi // BLOCK_N) * BLOCK_N
-    if c <= b:  # no tile is seen in full
-        b = a
-        c = a
-    end = gl.maximum(end, c)
-    return a, b, c, end
 
 
 @gluon.jit
@@ -210,17 +175,23 @@ def _load_item(
 
 @gluon.jit
 def _producer(
-    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
-    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-    rows_q, rows_k, window_left, window_right,
-    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-):  # fmt: skip
+    args, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr
+):
     """The copies of this program's work items, in the order the consumer reads them. Q and the
     descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
-    consumer to release that buffer's Q, which it does once it has read every tile of that item."""
+    consumer to release that buffer's Q, which it does once it has read every tile of that item.
+    Tile shapes come from the shared-memory buffers."""
+    (
+        q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
+        seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+        rows_q, rows_k, window_left, window_right,
+    ) = args  # fmt: skip
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
     it = 0
     t = 0
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
@@ -228,9 +199,10 @@ def _producer(
             w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
             rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
         )  # fmt: skip
-        a, _, _, end = _tile_span(
-            m_block, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
-        )
+        a, _, _, end = key_tiles(
+            m0=m_block * BLOCK_M, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d_lo=d_lo, d_hi=d_hi,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+        )  # fmt: skip
         qi = t & 1
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
         if qi == 0:  # two call sites: two descriptor sets in the global scratch
@@ -286,13 +258,10 @@ def _softmax_step(
         scale = 1.0
     if (kn < b_full) | (kn + BLOCK_N > c_full):  # a band edge or the sequence's end crosses the tile
         cols = kn + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
-        c2 = gl.expand_dims(cols, 0)
-        r2 = gl.expand_dims(rows, 1)
-        seen = c2 < seqlen_k
-        if HAS_LEFT:
-            seen = seen & (c2 - r2 >= d_lo)
-        if HAS_RIGHT:
-            seen = seen & (c2 - r2 <= d_hi)
+        seen = visible(
+            r=gl.expand_dims(rows, 1), c=gl.expand_dims(cols, 0), num_keys=seqlen_k, d_lo=d_lo, d_hi=d_hi,
+            HAS_LO=HAS_LEFT, HAS_HI=HAS_RIGHT,
+        )  # fmt: skip
         s = gl.where(seen, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * scale)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -327,18 +296,24 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
 
 @gluon.jit
 def _consumer(
-    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
-    stride_ot, stride_oh, stride_lse_h,
-    seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-    rows_q, rows_k, window_left, window_right, sm_scale, softcap,
-    HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+    args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
     WG: gl.constexpr, NUM_WG: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
-    span), release each stage once (``kv_empty`` counts two arrivals) and take turns issuing."""
+    span), release each stage once (``kv_empty`` counts two arrivals) and take turns issuing. Tile
+    shapes come from the shared-memory buffers."""
+    (
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
+        stride_ot, stride_oh, stride_lse_h,
+        seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+        rows_q, rows_k, window_left, window_right, sm_scale, softcap,
+    ) = args  # fmt: skip
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
     ROWS: gl.constexpr = BLOCK_M // NUM_WG
     W: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -360,9 +335,10 @@ def _consumer(
             w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
             rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
         )  # fmt: skip
-        a, b_full, c_full, end = _tile_span(
-            m_block, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
-        )
+        a, b_full, c_full, end = key_tiles(
+            m0=m_block * BLOCK_M, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d_lo=d_lo, d_hi=d_hi,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+        )  # fmt: skip
         out_base = out_ptr + head * stride_oh + q_start * stride_ot
         lse_base = lse_ptr + head * stride_lse_h + q_start
         rows = m_block * BLOCK_M + WG * ROWS + gl.arange(0, ROWS, layout=row_s)
@@ -496,34 +472,29 @@ def attention_fwd_kernel(
         mbarrier.init(kv_empty.index(i), count=NUM_WG)
     fence_async_shared()
 
-    # The argument tuples are spelled out in each call: in Triton 3.6 a tuple bound to a name inside
-    # the kernel turns its constexprs into values ("Shape element 0 must have type constexpr[int]").
+    # In Triton 3.6 a tuple bound to a name inside the kernel turns its constexprs into values
+    # ("Shape element 0 must have type constexpr[int]"): the tuples bound here hold values only, the
+    # constexprs are spelled out in each entry.
+    consumer = (
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
+        stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+        window_left, window_right, sm_scale, softcap,
+    )  # fmt: skip
+    producer = (
+        q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
+        num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+        window_left, window_right,
+    )  # fmt: skip
     if NUM_WG == 2:  # two 4-warp consumer partitions taking turns, and the producer warp
         gl.warp_specialize(
             [
-                (_consumer, (
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
-                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
-                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
-                    0, 2,
-                )),
-                (_consumer, (
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
-                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
-                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
-                    1, 2,
-                )),
-                (_producer, (
-                    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
-                    num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-                    window_left, window_right, GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                )),
+                (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
+                             ACCUMULATE, 0, 2)),
+                (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
+                             ACCUMULATE, 1, 2)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -531,21 +502,9 @@ def attention_fwd_kernel(
     else:  # one consumer partition of num_warps warps, and the producer warp
         gl.warp_specialize(
             [
-                (_consumer, (
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr,
-                    sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
-                    cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-                    window_left, window_right, sm_scale, softcap, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS, ACCUMULATE,
-                    0, 1,
-                )),
-                (_producer, (
-                    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                    q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
-                    num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-                    window_left, window_right, GROUP, HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-                    HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                )),
+                (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
+                             ACCUMULATE, 0, 1)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
             [PRODUCER_REGS],

@@ -1,0 +1,72 @@
+"""Host-side pieces both Gluon wrappers share: what the kernels take (dtypes, head dims, an sm_90
+device), the per-thread scratch allocator of device-side tensor descriptors, and the
+``positions`` arguments."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from torch import Tensor
+from triton.runtime import _allocation
+
+from thd.ops.attention.gluon.compat import gluon_available
+from thd.ops.attention.params import VarlenLayout
+
+__all__ = [
+    "DTYPES",
+    "HEAD_DIMS",
+    "device_index",
+    "ensure_allocator",
+    "kernel_positions",
+    "num_sms",
+    "on_gluon_device",
+    "same_dtype",
+]
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def _is_sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+@functools.cache
+def num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def on_gluon_device(t: Tensor) -> bool:
+    """Whether ``t`` lives on an sm_90 GPU and the installed Triton has Gluon's Hopper surface."""
+    return gluon_available() and t.is_cuda and _is_sm90(device_index(t.device))
+
+
+def same_dtype(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether ``q, k, v`` share one of the kernels' 16-bit dtypes."""
+    return q.dtype in DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Device-side tensor descriptors live in a global scratch Triton allocates per launch through
+    the launching thread's allocator (autograd's backward runs in a thread of its own): set one
+    there if none is set."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+def kernel_positions(layout: VarlenLayout) -> tuple[bool, Tensor, Tensor]:
+    """``(HAS_POSITIONS, pos_q, pos_kv)``: the offsets stand in (unread) when there are none."""
+    if layout.positions_q is None or layout.positions_kv is None:
+        return False, layout.cu_seqlens_q, layout.cu_seqlens_kv
+    return True, layout.positions_q, layout.positions_kv

@@ -1,0 +1,243 @@
+"""Compile the Gluon kernels (forward and backward) for sm_90 without a GPU and print what their PTX holds.
+
+``python tests/ops/gluon/_compile_sm90.py [--ptxas] [config ...]`` (none: all) from the repository root,
+with the Triton to check (3.6 or 3.9) and ``TRITON_INTERPRET`` unset. Needs no torch: the ``thd``
+packages above ``thd.ops.attention.gluon`` are stood in for, so their torch imports never run. Prints
+one JSON line per configuration (PTX marker counts, shared memory, warps, ``setmaxnreg`` values; with
+``--ptxas`` registers and spills from the bundled ptxas) and exits 1 on the first failure.
+:func:`compile_in_subprocess` runs it as the tests do: another interpreter, a fresh Triton cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+MARKERS = {
+    "wgmma": r"wgmma\.mma_async",
+    "wgmma_wait": r"wgmma\.wait_group\.sync\.aligned \d",
+    "wgmma_wait1": r"wgmma\.wait_group\.sync\.aligned\s+1",
+    "tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global\.mbarrier::complete_tx",
+    "mbarrier_expect": r"mbarrier\.arrive\.expect_tx",
+    "mbarrier_wait": r"mbarrier\.try_wait\.parity",
+    "setmaxnreg": r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+\d+",
+    "sm_90a": r"\.target sm_90a",
+    "atomic_f32": r"(?:red|atom)\.global\.\S*add\S*f32",
+    "tensormap": r"tensormap\.replace",
+}
+_INT = {
+    "cu_q_ptr",
+    "cu_k_ptr",
+    "cup_q_ptr",
+    "cup_k_ptr",
+    "pos_q_ptr",
+    "pos_k_ptr",
+    "seq_ptr",
+    "blk_ptr",
+    "count_ptr",
+}
+_FLOATS = {"sm_scale", "softcap"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One kernel specialization as a launch on contiguous tensors makes it: ``fp32`` names the
+    fp32 pointers (the rest ``dtype``, offsets int32); every pointer and stride is 16-divisible
+    except ``stride_lse_h`` unless ``lse_stride_divisible``."""
+
+    module: str
+    kernel: str
+    dtype: str
+    constexprs: dict[str, object]
+    fp32: frozenset[str]
+    num_warps: int
+    options: dict[str, int] = field(default_factory=dict)
+    lse_stride_divisible: bool = False
+
+
+def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **flags: object) -> Config:
+    meta: dict[str, object] = {
+        "GROUP": 1,
+        "HEAD_DIM": head_dim,
+        "HEAD_DIM_V": head_dim_v,
+        "HAS_POSITIONS": False,
+        "HAS_LEFT": False,
+        "HAS_RIGHT": True,
+        "SOFTCAP": False,
+        "HAS_SINKS": False,
+        "ACCUMULATE": False,
+        "FOLD_SCALE": True,
+        "BLOCK_M": 128,
+        "BLOCK_N": 128,
+        "STAGES": 2,
+        "PRODUCER_REGS": 24,
+        "NUM_WG": 2,
+        "CONSUMER_REGS": 240,
+    }
+    meta.update(flags)
+    num_warps = 4 if meta["NUM_WG"] == 2 else 8
+    fp32 = frozenset({"lse_ptr", "sinks_ptr"})
+    return Config(
+        "forward_kernel", "attention_fwd_kernel", dtype, meta, fp32, num_warps, {"maxnreg": 168}, True
+    )
+
+
+_BACKWARD = {"GROUP": 1, "HAS_POSITIONS": False, "HAS_LEFT": False, "HAS_RIGHT": True, "ACCUMULATE": False}
+_RING = {"NUM_STAGES": 2, "NUM_WARPS": 8, "NUM_CONSUMERS": 1, "CONSUMER_REGS": 240, "PRODUCER_REGS": 24}
+
+
+def _dkdv(head_dim: int, dtype: str = "bf16", **flags: object) -> Config:
+    meta = {**_BACKWARD, "HEAD_DIM": head_dim, "DQ_ATOMIC": True, "BLOCK_M": 64, "BLOCK_N": 128, **_RING}
+    meta.update(flags)
+    fp32 = {"lse_ptr", "delta_ptr"} | ({"dq_ptr"} if meta["DQ_ATOMIC"] else set())
+    if meta["ACCUMULATE"]:
+        fp32 |= {"dk_ptr", "dv_ptr"}
+    return Config("backward_kernel", "_dkdv_kernel", dtype, meta, frozenset(fp32), int(meta["NUM_WARPS"]))
+
+
+def _dq(head_dim: int, dtype: str = "bf16", **flags: object) -> Config:
+    meta = {**_BACKWARD, "HEAD_DIM": head_dim, "BLOCK_M": 128, "BLOCK_N": 64, **_RING}
+    meta.update(flags)
+    fp32 = {"lse_ptr", "delta_ptr"} | ({"dq_ptr"} if meta["ACCUMULATE"] else set())
+    return Config("backward_kernel", "_dq_kernel", dtype, meta, frozenset(fp32), int(meta["NUM_WARPS"]))
+
+
+CONFIGS: dict[str, Config] = {
+    # forward
+    "d128-causal-bf16": _forward(),
+    "d128-causal-bf16-one-consumer": _forward(NUM_WG=1),
+    "d64-fp16": _forward(64, 64, "fp16", HAS_RIGHT=False, STAGES=3),
+    "d128-variants-bf16": _forward(
+        HAS_LEFT=True, HAS_POSITIONS=True, SOFTCAP=True, HAS_SINKS=True, ACCUMULATE=True, FOLD_SCALE=False
+    ),
+    # backward
+    "dkdv-d128": _dkdv(128),
+    "dkdv-d64": _dkdv(64),
+    "dkdv-d128-fp16-gqa-window": _dkdv(128, "fp16", GROUP=4, HAS_LEFT=True),
+    "dkdv-d64-split": _dkdv(64, DQ_ATOMIC=False, HAS_RIGHT=False),
+    "dkdv-d128-split": _dkdv(128, DQ_ATOMIC=False),
+    "dkdv-d128-accumulate": _dkdv(128, ACCUMULATE=True, HAS_POSITIONS=True),
+    "dq-d128": _dq(128),
+    "dq-d64": _dq(64, HAS_RIGHT=False),
+    "dkdv-d128-2wg": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2),
+    "dkdv-d64-2wg-split": _dkdv(64, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False),
+    "dkdv-d128-2wg-split": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False, NUM_STAGES=3),
+    "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
+    "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
+}
+
+
+def _import_kernels(module: str) -> types.ModuleType:
+    for name in ("thd", "thd.ops", "thd.ops.attention"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(ROOT / "src" / Path(*name.split(".")))]
+            sys.modules[name] = package
+    import importlib
+
+    return importlib.import_module(f"thd.ops.attention.gluon.{module}")
+
+
+def _signature(fn, config: Config) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    signature = {}
+    for index, name in enumerate(fn.arg_names):
+        if index in fn.constexprs:
+            signature[name] = "constexpr"
+        elif name in config.fp32:
+            signature[name] = "*fp32"
+        elif name in _INT:
+            signature[name] = "*i32"
+        elif name.endswith("_ptr"):
+            signature[name] = f"*{config.dtype}"
+        else:
+            signature[name] = "fp32" if name in _FLOATS else "i32"
+    return signature
+
+
+def _ptxas_stats(ptx: str) -> dict[str, int]:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        proc = subprocess.run(
+            [get_ptxas(90).path, "-arch=sm_90a", "-v", str(path), "-o", str(Path(tmp) / "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    text = proc.stderr + proc.stdout
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
+    spills = [
+        int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    ]
+    return {"registers": max(regs, default=-1), "spill_bytes": sum(spills)}
+
+
+def compile_config(name: str, ptxas: bool = False) -> dict[str, object]:
+    """``triton.compile`` of one configuration for sm_90 and what its PTX holds."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    config = CONFIGS[name]
+    fn = getattr(_import_kernels(config.module), config.kernel)
+    from thd.ops.attention.gluon.compat import GluonASTSource
+
+    signature = _signature(fn, config)
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, arg in enumerate(fn.arg_names)
+        if signature[arg].startswith("*")
+        or (arg.startswith("stride_") and (config.lse_stride_divisible or arg != "stride_lse_h"))
+    }
+    source = GluonASTSource(fn, signature, constexprs=config.constexprs, attrs=attrs)
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": config.num_warps, **config.options}
+    )
+    ptx = compiled.asm["ptx"]
+    stats: dict[str, object] = {key: len(re.findall(rx, ptx)) for key, rx in MARKERS.items()}
+    if ptxas:
+        stats.update(_ptxas_stats(ptx))
+    stats["shared"] = compiled.metadata.shared
+    stats["num_warps"] = compiled.metadata.num_warps
+    stats["maxnreg"] = [int(x) for x in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)]
+    stats["triton"] = triton.__version__
+    return {"name": name, **stats}
+
+
+def compile_in_subprocess(python: str, configs: tuple[str, ...], ptxas: bool = False) -> dict[str, dict]:
+    """This script's stats of ``configs`` compiled by ``python`` (without ``TRITON_INTERPRET``, a
+    fresh Triton cache); asserts that it succeeded."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = env.get("TRITON_DEFAULT_FP_FUSION", "1")
+    with tempfile.TemporaryDirectory() as cache:
+        env["TRITON_CACHE_DIR"] = cache
+        proc = subprocess.run(
+            [python, __file__, *(["--ptxas"] if ptxas else []), *configs],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    stats = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {s["name"]: s for s in stats}
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
+    sys.path.insert(0, str(ROOT / "src"))
+    args = sys.argv[1:]
+    with_ptxas = "--ptxas" in args
+    for config_name in [arg for arg in args if not arg.startswith("--")] or list(CONFIGS):
+        print(json.dumps(compile_config(config_name, ptxas=with_ptxas)), flush=True)
