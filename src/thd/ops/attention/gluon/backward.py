@@ -8,12 +8,12 @@ tensors the copy engine cannot read) stay on the tl kernels.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from thd._runtime.config import kernel_settings
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
     ensure_allocator,
@@ -25,7 +25,8 @@ from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = ["ATOMIC_DQ", "TILES", "GluonTile", "backward", "supports_backward"]
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_SETTINGS = kernel_settings()  # read once, with the kernels (thd._runtime.config)
+_INTERPRET = _SETTINGS.interpret
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,13 @@ TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
     ("dq", 64): GluonTile(block_m=128, block_n=128, consumers=2),
     ("dq", 128): GluonTile(block_m=128, block_n=64, consumers=2),
 }
-if os.environ.get("THD_GLUON_BWD_CONSUMERS", "1") == "2":
+if _SETTINGS.gluon_bwd_consumers == 2:
     TILES.update(TWO_CONSUMER_TILES)
 # How the non-deterministic backward adds dQ: False its own kernel (as the deterministic backward
 # does), True fp32 atomics from the dK/dV kernel. False on the H200: the split kernels took 5.57 /
 # 4.01 ms against the atomics' 6.09 / 4.12 ms at D128 / D64 (gluon-bwd-run1.json). ``THD_GLUON_DQ_ATOMIC=1``
 # (read at import) selects the atomics.
-ATOMIC_DQ = os.environ.get("THD_GLUON_DQ_ATOMIC", "0") == "1"
+ATOMIC_DQ = _SETTINGS.gluon_dq_atomic
 _PREPROCESS_ROWS = 64
 
 

@@ -24,16 +24,26 @@ AUTO_BACKWARD_HEAD_DIMS = (128,)
 """Head dims whose Gluon backward measured faster than tl's (``auto`` picks it there)."""
 
 
-def supports_forward(call: ForwardCall) -> bool:
-    return gluon_forward.supports_forward(
-        call.q,
-        call.k,
-        call.v,
+def _backward_args(call: BackwardCall) -> tuple:
+    """The Gluon backward's positional arguments, in its order (the forward's are the
+    :class:`ForwardCall` fields, in order)."""
+    saved = call.saved
+    return (
+        call.do,
+        saved.q,
+        saved.k,
+        saved.v,
+        saved.out,
+        saved.lse,
         call.layout,
         call.options,
-        sinks=call.sinks,
-        accumulate=call.accumulate,
+        saved.sinks,
+        call.accumulate,
     )
+
+
+def supports_forward(call: ForwardCall) -> bool:
+    return gluon_forward.supports_forward(*call)
 
 
 def auto_forward(call: ForwardCall) -> bool:
@@ -43,27 +53,13 @@ def auto_forward(call: ForwardCall) -> bool:
 
 
 def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
-    return gluon_forward.forward(
-        call.q,
-        call.k,
-        call.v,
-        call.layout,
-        call.options,
-        sinks=call.sinks,
-        accumulate=call.accumulate,
-    )
+    return gluon_forward.forward(*call)
 
 
 def supports_backward(call: BackwardCall) -> bool:
     saved = call.saved
     return gluon_backward.supports_backward(
-        saved.q,
-        saved.k,
-        saved.v,
-        call.layout,
-        call.options,
-        sinks=saved.sinks,
-        accumulate=call.accumulate,
+        *saved[:3], call.layout, call.options, saved.sinks, call.accumulate
     )
 
 
@@ -72,16 +68,4 @@ def auto_backward(call: BackwardCall) -> bool:
 
 
 def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    saved = call.saved
-    return gluon_backward.backward(
-        call.do,
-        saved.q,
-        saved.k,
-        saved.v,
-        saved.out,
-        saved.lse,
-        call.layout,
-        call.options,
-        sinks=saved.sinks,
-        accumulate=call.accumulate,
-    )
+    return gluon_backward.backward(*_backward_args(call))
