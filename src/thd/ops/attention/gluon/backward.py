@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from thd._runtime.config import kernel_settings
+from thd._runtime.launcher import ensure_scratch_allocator
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
-    ensure_allocator,
     kernel_positions,
     on_gluon_device,
     same_dtype,
@@ -189,7 +189,7 @@ def backward(
             NUM_WARPS=4,
             num_warps=4,
         )
-    ensure_allocator()
+    ensure_scratch_allocator()
     has_positions, pos_q, pos_kv = kernel_positions(layout)
     sequences = (
         layout.cu_seqlens_q,

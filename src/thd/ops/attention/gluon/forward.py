@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from thd._runtime.launcher import ensure_scratch_allocator
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
     device_index,
-    ensure_allocator,
     kernel_positions,
     num_sms,
     on_gluon_device,
@@ -159,7 +159,7 @@ def forward(
             out.zero_()
             lse.fill_(float("-inf"))
         return out, lse
-    ensure_allocator()
+    ensure_scratch_allocator()
     tile = tile_for(q.shape[2], v.shape[2])
     positions, pos_q, pos_kv = kernel_positions(layout)
     softcap = options.softcap if options.softcap > 0.0 else 1.0

@@ -1,15 +1,13 @@
 """Host-side pieces both Gluon wrappers share: what the kernels take (dtypes, head dims, an sm_90
-device), the per-thread scratch allocator of device-side tensor descriptors, and the
-``positions`` arguments."""
+device) and the ``positions`` arguments. The descriptors' scratch allocator is
+:func:`thd._runtime.launcher.ensure_scratch_allocator`, shared with the tl kernels."""
 
 from __future__ import annotations
 
 import functools
 
 import torch
-import triton
 from torch import Tensor
-from triton.runtime import _allocation
 
 from thd.ops.attention.gluon.compat import gluon_available
 from thd.ops.attention.params import VarlenLayout
@@ -18,7 +16,6 @@ __all__ = [
     "DTYPES",
     "HEAD_DIMS",
     "device_index",
-    "ensure_allocator",
     "kernel_positions",
     "num_sms",
     "on_gluon_device",
@@ -51,18 +48,6 @@ def on_gluon_device(t: Tensor) -> bool:
 def same_dtype(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether ``q, k, v`` share one of the kernels' 16-bit dtypes."""
     return q.dtype in DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
-
-
-def _scratch(size: int, alignment: int, stream: int | None) -> Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def ensure_allocator() -> None:
-    """Device-side tensor descriptors live in a global scratch Triton allocates per launch through
-    the launching thread's allocator (autograd's backward runs in a thread of its own): set one
-    there if none is set."""
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
 
 
 def kernel_positions(layout: VarlenLayout) -> tuple[bool, Tensor, Tensor]:
