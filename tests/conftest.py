@@ -18,6 +18,15 @@ except ImportError:  # the release tool's light environment has no torch
 if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+try:  # property tests: the same examples on every run unless THD_HYPOTHESIS_PROFILE=explore
+    from hypothesis import settings
+
+    settings.register_profile("repeatable", derandomize=True, database=None)
+    settings.register_profile("explore", derandomize=False)
+    settings.load_profile(os.environ.get("THD_HYPOTHESIS_PROFILE", "repeatable"))
+except ImportError:  # the release tool's light environment may lack hypothesis
+    pass
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:

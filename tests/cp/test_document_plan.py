@@ -118,14 +118,37 @@ def test_plan_capacity(lengths: list[int], cp: int, extra: int) -> None:
     check_plan(lengths, cp, plan, tolerance=0.02)
 
 
+@pytest.mark.property
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 500), min_size=1, max_size=30),
+    cp=st.integers(2, 8),
+    fraction=st.floats(0.0, 1.0),
+)
+def test_plan_capacity_from_the_uniform_ring_up(lengths: list[int], cp: int, fraction: float) -> None:
+    """Every capacity from the uniform ring's rows up is met (all documents on the ring fit);
+    fewer rows than a rank's share of the tokens are refused."""
+    uniform = sum(math.ceil(n / (2 * cp)) * 2 * cp for n in lengths) // cp
+    tight = plan_documents(lengths, cp)
+    capacity = uniform + int(fraction * max(tight.rows - uniform, 0))
+    plan = plan_documents(lengths, cp, capacity=capacity)
+    assert plan.rows == capacity
+    check_plan(lengths, cp, plan, tolerance=float("inf"))
+    share = math.ceil(sum(lengths) / cp)
+    if share > 0:
+        with pytest.raises(ThdValueError, match=rf"capacity \(={share - 1}\)"):
+            plan_documents(lengths, cp, capacity=share - 1)
+
+
 def test_capacity_below_need_moves_documents_to_the_ring() -> None:
     lengths = [300, 300, 300, 100]
     tokens = CostModel(1.0, 0.0)
     loose = plan_documents(lengths, 2, cost=tokens, tolerance=1.0)
     assert loose.ring_documents == () and loose.rows == 600
-    # 520 rows per rank hold no split into whole documents: only the uniform ring (500) fits
+    # 520 rows per rank hold no split into whole documents (600 + 400 at best); a 300 and the
+    # 100 on the ring (150 + 50 rows per rank) leave one whole 300 per rank: 500 rows
     tight = plan_documents(lengths, 2, cost=tokens, tolerance=1.0, capacity=520)
-    assert tight.ring_documents == (0, 1, 2, 3) and tight.rows == 520
+    assert tight.ring_documents == (2, 3) and tight.rows == 520 and tight.ring_rows == 200
     check_plan(lengths, 2, tight, tolerance=1.0)
     with pytest.raises(ThdValueError, match=r"capacity \(=499\)"):
         plan_documents(lengths, 2, cost=tokens, capacity=499)

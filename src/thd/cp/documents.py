@@ -286,6 +286,105 @@ def _refine(costs: np.ndarray, owner: np.ndarray, loads: np.ndarray, rounds: int
         loads[lo] += best_delta
 
 
+@dataclass(frozen=True)
+class _Placement:
+    """One outcome of :meth:`_Search.run`: the ring documents and the owner of every other."""
+
+    ring_idx: np.ndarray
+    slots: np.ndarray
+    ring_rows: int
+    ring_tokens: np.ndarray
+    owner: np.ndarray
+    loads: np.ndarray
+    tokens: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        """Rows per rank the placement needs."""
+        return self.ring_rows + (int(self.tokens.max()) if self.tokens.size else 0)
+
+
+@dataclass(frozen=True)
+class _Search:
+    """Places the local documents, moving documents to the ring until the balance and the
+    capacity (when given) hold."""
+
+    lens: np.ndarray
+    doc_cost: np.ndarray
+    cp: int
+    cost: CostModel
+    tolerance: float
+
+    def place(self, ring: np.ndarray) -> _Placement:
+        """LPT placement plus refinement of the documents not in ``ring``."""
+        lens, cp, tolerance = self.lens, self.cp, self.tolerance
+        ring_idx = np.flatnonzero(ring)
+        slots = -(-lens[ring_idx] // (2 * cp)) * (2 * cp)
+        loads, ring_tokens = _ring_rank_costs(lens[ring_idx], slots, cp, self.cost)
+        local = np.flatnonzero((lens > 0) & ~ring)
+        order = local[np.argsort(-self.doc_cost[local], kind="stable")]
+        costs = self.doc_cost[order]
+        mean = (loads.sum() + costs.sum()) / cp
+        owner = np.full(lens.shape[0], -1, dtype=np.int64)
+        if order.size:
+            assigned = _place(costs, loads, small=tolerance * mean / 4)
+            _refine(costs, assigned, loads, rounds=4 * cp, good=(1.0 + tolerance / 4) * mean)
+            owner[order] = assigned
+        tokens = np.bincount(owner[order], weights=lens[order], minlength=cp).astype(np.int64)
+        return _Placement(
+            ring_idx=ring_idx,
+            slots=slots,
+            ring_rows=int(slots.sum()) // cp,
+            ring_tokens=ring_tokens,
+            owner=owner,
+            loads=loads,
+            tokens=tokens,
+        )
+
+    def run(self, ring: np.ndarray, capacity: int | None) -> _Placement:
+        """Moves one document at a time to the ring (``ring`` is updated) until the placement
+        fits ``capacity`` and is balanced, or no document of the offending rank is left."""
+        fn, lens, cp = "plan_documents", self.lens, self.cp
+        while True:
+            found = self.place(ring)
+            if capacity is not None and found.ring_rows > capacity:
+                raise ThdValueError(
+                    f"{fn}: capacity (={capacity}): expected at least the {found.ring_rows} ring rows "
+                    f"per rank of documents that cannot stay whole (lengths total {int(lens.sum())}, "
+                    f"cp_size {cp})"
+                )
+            over = (
+                np.flatnonzero(found.tokens + found.ring_rows > capacity)
+                if capacity is not None
+                else np.empty(0, np.int64)
+            )
+            loads = found.loads
+            mean = loads.sum() / cp
+            worst = int(np.argmax(loads))
+            unbalanced = mean > 0 and loads[worst] > (1.0 + self.tolerance) * mean
+            culprit = int(over[0]) if over.size else (worst if unbalanced else -1)
+            local = np.flatnonzero(found.owner == culprit) if culprit >= 0 else np.empty(0, np.int64)
+            candidates = local[np.argsort(-self.doc_cost[local], kind="stable")]
+            if not candidates.size:
+                if over.size:
+                    raise ThdValueError(
+                        f"{fn}: capacity (={capacity}): rank {culprit} needs "
+                        f"{int(found.tokens[culprit]) + found.ring_rows} rows "
+                        f"(lengths total {int(lens.sum())}, cp_size {cp})"
+                    )
+                return found
+            if over.size:  # the shortest document whose spreading brings the rank under capacity
+                excess = int(found.tokens[culprit]) + found.ring_rows - capacity
+                slot_rows = -(-lens[candidates] // (2 * cp)) * 2
+                relief = lens[candidates] - slot_rows
+                enough = candidates[relief >= excess]
+                ring[enough[-1] if enough.size else candidates[int(np.argmax(relief))]] = True
+            else:  # the cheapest document whose spreading removes the excess, else the costliest
+                need = (loads[worst] - mean) * cp / max(cp - 1, 1)
+                enough = candidates[self.doc_cost[candidates] >= need]
+                ring[enough[-1] if enough.size else candidates[0]] = True
+
+
 def plan_documents(
     lengths: Sequence[int] | np.ndarray,
     cp_size: int,
@@ -333,60 +432,21 @@ def plan_documents(
         ring |= nonempty & ((lens > share_tokens) | (doc_cost > doc_cost.sum() / cp))
         if ring_threshold is not None:
             ring |= nonempty & (lens > ring_threshold)
-    owner = np.full(lens.shape[0], -1, dtype=np.int64)
-    while True:
-        ring_idx = np.flatnonzero(ring)
-        slots = -(-lens[ring_idx] // (2 * cp)) * (2 * cp)
-        loads, ring_tokens = _ring_rank_costs(lens[ring_idx], slots, cp, cost)
-        ring_rows = int(slots.sum()) // cp
-        local = np.flatnonzero(nonempty & ~ring)
-        order = local[np.argsort(-doc_cost[local], kind="stable")]
-        costs = doc_cost[order]
-        mean = (loads.sum() + costs.sum()) / cp
-        owner[:] = -1
-        if order.size:
-            owner[order] = _place(costs, loads, small=tolerance * mean / 4)
-            assigned = owner[order]
-            _refine(costs, assigned, loads, rounds=4 * cp, good=(1.0 + tolerance / 4) * mean)
-            owner[order] = assigned
-        tokens = np.bincount(owner[order], weights=lens[order], minlength=cp).astype(np.int64)
-        if capacity is not None and ring_rows > capacity:
-            raise ThdValueError(
-                f"{fn}: capacity (={capacity}): expected at least the {ring_rows} ring rows per rank "
-                f"of documents that cannot stay whole (lengths total {int(lens.sum())}, cp_size {cp})"
-            )
-        over = (
-            np.flatnonzero(tokens + ring_rows > capacity) if capacity is not None else np.empty(0, np.int64)
-        )
-        worst = int(np.argmax(loads))
-        unbalanced = mean > 0 and loads[worst] > (1.0 + tolerance) * mean
-        culprit = over[0] if over.size else (worst if unbalanced else -1)
-        candidates = order[owner[order] == culprit] if culprit >= 0 else order[:0]
-        if not candidates.size:
-            if over.size:
-                raise ThdValueError(
-                    f"{fn}: capacity (={capacity}): rank {int(over[0])} needs "
-                    f"{int(tokens[over[0]]) + ring_rows} rows (lengths total {int(lens.sum())}, cp_size {cp})"
-                )
-            break
-        if over.size:
-            ring[candidates[0]] = True  # the longest document of the full rank rides the ring
-        else:  # the cheapest document whose spreading removes the excess, else the costliest
-            need = (loads[worst] - mean) * cp / max(cp - 1, 1)
-            enough = candidates[doc_cost[candidates] >= need]
-            ring[enough[-1] if enough.size else candidates[0]] = True
-    rows = ring_rows + (int(tokens.max()) if cp else 0)
-    if capacity is not None:
-        rows = capacity
+    search = _Search(lens=lens, doc_cost=doc_cost, cp=cp, cost=cost, tolerance=float(tolerance))
+    found = search.run(ring=ring.copy(), capacity=None)
+    if capacity is not None and found.rows > capacity:  # the capacity binds: plan again under it
+        found = search.run(ring=ring, capacity=capacity)
+    rows = found.rows if capacity is None else capacity
+    owner, loads = found.owner, found.loads
     locals_ = tuple(tuple(np.flatnonzero(owner == r).tolist()) for r in range(cp))
     return DocumentPlan(
         cp_size=cp,
         lengths=tuple(lens.tolist()),
-        ring_documents=tuple(ring_idx.tolist()),
-        ring_slots=tuple(slots.tolist()),
+        ring_documents=tuple(found.ring_idx.tolist()),
+        ring_slots=tuple(found.slots.tolist()),
         local_documents=locals_,
         rows=rows,
         rank_costs=tuple(loads.tolist()),
-        rank_tokens=tuple((tokens + ring_tokens).tolist()),
+        rank_tokens=tuple((found.tokens + found.ring_tokens).tolist()),
         cost=cost,
     )
