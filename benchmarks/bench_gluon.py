@@ -33,7 +33,7 @@ from benchmarks._common import (
 from benchmarks.bench_attention import LayoutSpec, fa4_provider, fa4_version, make_problem
 from thd.ops.attention import launch
 from thd.ops.attention.gluon import forward as gluon_forward
-from thd.ops.attention.params import AttentionOptions, VarlenLayout
+from thd.ops.attention.params import AttentionOptions, ForwardCall, VarlenLayout
 
 DEFAULT_TILES = dict(gluon_forward.TILES)
 ROWS = (
@@ -72,7 +72,7 @@ def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[d
     flops = attention_flops(p.lengths, p.lengths, 16, head_dim, causal=True)
     shape = p.shape
     records = []
-    tl_out = launch.forward(p.q, p.k, p.v, varlen, options)[0]
+    tl_out = launch.forward(ForwardCall(p.q, p.k, p.v, varlen, options))[0]
 
     def timed(provider: str, fn, **extra: Any) -> None:  # type: ignore[no-untyped-def]
         try:
@@ -106,12 +106,12 @@ def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[d
             flush=True,
         )
 
-    timed("tl", lambda: launch.forward(p.q, p.k, p.v, varlen, options))
+    timed("tl", lambda: launch.forward(ForwardCall(p.q, p.k, p.v, varlen, options)))
     default = DEFAULT_TILES[head_dim]
     for tile in getattr(args, f"tiles{head_dim}") or [default]:
         gluon_forward.TILES[head_dim] = tile
         try:
-            out = gluon_forward.forward(p.q, p.k, p.v, varlen, options)[0]
+            out = gluon_forward.forward(ForwardCall(p.q, p.k, p.v, varlen, options))[0]
         except Exception as exc:  # a tile that does not compile (shared memory) is a record
             records.append(
                 make_record(
@@ -139,7 +139,7 @@ def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[d
             continue
         timed(
             "gluon",
-            lambda: gluon_forward.forward(p.q, p.k, p.v, varlen, options),
+            lambda: gluon_forward.forward(ForwardCall(p.q, p.k, p.v, varlen, options)),
             tile=tile.name,
             max_abs_diff_vs_tl=diff,
         )

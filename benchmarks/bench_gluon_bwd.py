@@ -32,7 +32,13 @@ from bench_attention import document_lengths
 
 from thd.ops.attention import launch
 from thd.ops.attention.gluon import backward as gluon_backward
-from thd.ops.attention.params import AttentionOptions, VarlenLayout
+from thd.ops.attention.params import (
+    AttentionOptions,
+    BackwardCall,
+    ForwardCall,
+    SavedForBackward,
+    VarlenLayout,
+)
 
 
 def _inputs(lengths: list[int], heads: int, dim: int) -> tuple[Any, ...]:
@@ -58,9 +64,9 @@ def _provider(name: str) -> Callable[..., tuple]:
         return launch.backward
     atomic, tiles = setting
 
-    def call(*args: object) -> tuple:
+    def call(backward_call: BackwardCall) -> tuple:
         gluon_backward.ATOMIC_DQ, gluon_backward.TILES = atomic, tiles
-        return gluon_backward.backward(*args)
+        return gluon_backward.backward(backward_call)
 
     return call
 
@@ -79,11 +85,11 @@ def run(
         shape = {"tokens": tokens, "docs": "512-8192", "heads": heads, "head_dim": dim, "causal": True}
         flops = attention_flops(lengths, lengths, heads, dim, causal=True, mode="bwd")
         options = AttentionOptions(dim**-0.5, causal=True)
-        out, lse = launch.forward(q, k, v, layout, options)
-        args = (do, q, k, v, out, lse, layout, options)
-        reference = launch.backward(*args)
+        out, lse = launch.forward(ForwardCall(q, k, v, layout, options))
+        call = BackwardCall(do, SavedForBackward(q, k, v, out, lse), layout, options)
+        reference = launch.backward(call)
         for provider in providers:
-            fn = functools.partial(_provider(provider), *args)
+            fn = functools.partial(_provider(provider), call)
             grads = fn()
             diff = {
                 name: _rel_diff(g, r)

@@ -1,5 +1,6 @@
-"""The tl family and the reference called with the Gluon wrappers' positional arguments, so the
-Gluon GPU tests compare like with like (both families run the same call)."""
+"""The tl family and the reference called with positional arguments, and the typed backward call
+of the same arguments, so the Gluon GPU tests compare like with like (both families run the same
+call)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def reference_forward(
     return reference.forward(ForwardCall(q, k, v, layout, options, sinks))
 
 
-def tl_backward(
+def backward_call(
     do: Tensor,
     q: Tensor,
     k: Tensor,
@@ -49,6 +50,11 @@ def tl_backward(
     options: AttentionOptions,
     sinks: Tensor | None = None,
     accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    saved = SavedForBackward(q, k, v, out, lse, sinks)
-    return launch.backward(BackwardCall(do, saved, layout, options, accumulate))
+) -> BackwardCall:
+    """The typed call of these positional arguments (the Gluon wrappers take it)."""
+    return BackwardCall(do, SavedForBackward(q, k, v, out, lse, sinks), layout, options, accumulate)
+
+
+def tl_backward(*args: object, **kwargs: object) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """:func:`thd.ops.attention.launch.backward` of :func:`backward_call`'s arguments."""
+    return launch.backward(backward_call(*args, **kwargs))  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from tests.ops.gluon._tl import tl_backward, tl_forward  # noqa: E402
+from tests.ops.gluon._tl import backward_call, tl_backward, tl_forward  # noqa: E402
 from thd.ops.attention import reference  # noqa: E402
 from thd.ops.attention.gluon import backward as gluon_backward  # noqa: E402
 from thd.ops.attention.params import AttentionOptions, VarlenLayout  # noqa: E402
@@ -103,7 +103,7 @@ def _check(layout: Layout, got, tl_grads, ref: dict[str, Tensor], limit: float =
 
 
 def _both(do, q, k, v, out, lse, varlen, options, **kwargs):
-    got = gluon_backward.backward(do, q, k, v, out, lse, varlen, options, **kwargs)
+    got = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options, **kwargs))
     tl_grads = tl_backward(do, q, k, v, out, lse, varlen, options, **kwargs)
     return got, tl_grads
 
@@ -137,7 +137,7 @@ def test_gradients_match_reference_and_tl(
     layout = LAYOUTS[layout_name]
     options = AttentionOptions(dim**-0.5, causal=causal, deterministic=deterministic)
     q, k, v, do, out, lse, varlen = _case(layout, heads, dim, dtype, options)
-    assert gluon_backward.supports_backward(q, k, v, varlen, options)
+    assert gluon_backward.supports_backward(backward_call(do, q, k, v, out, lse, varlen, options))
     got, tl_grads = _both(do, q, k, v, out, lse, varlen, options)
     assert [g.dtype for g in got[:3]] == [dtype] * 3 and got[3] is None
     _check(layout, got, tl_grads, _reference_grads(q, k, v, do, layout, options))
@@ -167,7 +167,7 @@ def test_accumulate_adds_on_real_rows_only() -> None:
     for deterministic in (False, True):
         opts = AttentionOptions(options.softmax_scale, causal=True, deterministic=deterministic)
         buffers = tuple(s.clone() for s in start)
-        got = gluon_backward.backward(do, q, k, v, out, lse, varlen, opts, accumulate=buffers)
+        got = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, opts, accumulate=buffers))
         assert all(g is b for g, b in zip(got[:3], buffers, strict=True))
         fresh = tl_backward(do, q, k, v, out, lse, varlen, opts)
         for name, g, s, f, side in zip(GRADS, got[:3], start, fresh[:3], "qkk", strict=True):
@@ -184,7 +184,9 @@ def test_deterministic_backward_is_bitwise_reproducible() -> None:
     layout = LAYOUTS["padded"]
     options = AttentionOptions(64**-0.5, causal=True, deterministic=True)
     q, k, v, do, out, lse, varlen = _case(layout, (8, 2), 64, torch.bfloat16, options)
-    first, second = _run_twice(lambda: gluon_backward.backward(do, q, k, v, out, lse, varlen, options))
+    first, second = _run_twice(
+        lambda: gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
+    )
     for name, a, b in zip(GRADS, first[:3], second[:3], strict=True):
         assert torch.equal(a, b), name
 
@@ -194,12 +196,14 @@ def test_use_deterministic_algorithms_selects_the_split_dq() -> None:
     options = AttentionOptions(128**-0.5, causal=True)
     q, k, v, do, out, lse, varlen = _case(layout, (4, 4), 128, torch.bfloat16, options)
     explicit = gluon_backward.backward(
-        do, q, k, v, out, lse, varlen, AttentionOptions(128**-0.5, causal=True, deterministic=True)
+        backward_call(
+            do, q, k, v, out, lse, varlen, AttentionOptions(128**-0.5, causal=True, deterministic=True)
+        )
     )
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        implied = gluon_backward.backward(do, q, k, v, out, lse, varlen, options)
+        implied = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
     finally:
         torch.use_deterministic_algorithms(previous)
     for name, a, b in zip(GRADS, explicit[:3], implied[:3], strict=True):
@@ -212,7 +216,7 @@ def test_nan_in_a_real_row_propagates() -> None:
     q, k, v, do, out, lse, varlen = _case(layout, (4, 4), 128, torch.bfloat16, options)
     k = k.clone()
     k[305, 1, 5] = float("nan")  # sequence 1's first real key row (slot 0 is 305 rows)
-    dq, dk, _, _ = gluon_backward.backward(do, q, k, v, out, lse, varlen, options)
+    dq, dk, _, _ = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
     assert bool(dq[305:1305, 1].isnan().all(dim=-1).any()) and bool(dk[305, 1].isnan().any())
     real_q, real_kv = layout.real_rows("q", DEVICE), layout.real_rows("kv", DEVICE)
     assert_rows_equal(dq, ~real_q, 0.0, "dq padding")
@@ -228,7 +232,7 @@ def test_no_host_sync(no_host_reads) -> None:
     q, k, v, do, out, lse, varlen = _case(layout, (4, 2), 64, torch.bfloat16, options)
     for deterministic in (False, True):
         opts = AttentionOptions(options.softmax_scale, causal=True, deterministic=deterministic)
-        gluon_backward.backward(do, q, k, v, out, lse, varlen, opts)
+        gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, opts))
 
 
 @pytest.mark.usefixtures("two_consumers")
@@ -247,20 +251,27 @@ def test_two_consumer_partitions(layout_name, causal, window, dim, heads) -> Non
     q, k, v, do, out, lse, varlen = _case(layout, heads, dim, torch.bfloat16, options)
     got, tl_grads = _both(do, q, k, v, out, lse, varlen, options)
     _check(layout, got, tl_grads, _reference_grads(q, k, v, do, layout, options))
-    again = gluon_backward.backward(do, q, k, v, out, lse, varlen, options)
+    again = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
     for name, a, b in zip(GRADS, got[:3], again[:3], strict=True):
         assert torch.equal(a, b), f"{name} not reproducible"
+
+
+def _supported(q: Tensor, k: Tensor, v: Tensor, layout: VarlenLayout, options: AttentionOptions) -> bool:
+    """``supports_backward`` of a call on these inputs (it reads only their metadata)."""
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+    return gluon_backward.supports_backward(backward_call(q, q, k, v, out, lse, layout, options))
 
 
 def test_supports_backward_turns_down_what_it_does_not_cover() -> None:
     layout = _varlen(LAYOUTS["packed"])
     plain = AttentionOptions(0.1, causal=True)
     q = torch.randn(64, 4, 128, device=DEVICE, dtype=torch.bfloat16)
-    assert gluon_backward.supports_backward(q, q, q, layout, plain)
-    assert not gluon_backward.supports_backward(q, q, q, layout, AttentionOptions(0.1, softcap=30.0))
-    assert not gluon_backward.supports_backward(q.float(), q.float(), q.float(), layout, plain)
+    assert _supported(q, q, q, layout, plain)
+    assert not _supported(q, q, q, layout, AttentionOptions(0.1, softcap=30.0))
+    assert not _supported(q.float(), q.float(), q.float(), layout, plain)
     q96 = torch.randn(64, 4, 96, device=DEVICE, dtype=torch.bfloat16)
-    assert not gluon_backward.supports_backward(q96, q96, q96, layout, plain)
+    assert not _supported(q96, q96, q96, layout, plain)
     v64 = torch.randn(64, 4, 64, device=DEVICE, dtype=torch.bfloat16)
-    assert not gluon_backward.supports_backward(q, q, v64, layout, plain)  # D != Dv stays on tl
-    assert not gluon_backward.supports_backward(q.cpu(), q.cpu(), q.cpu(), layout, plain)
+    assert not _supported(q, q, v64, layout, plain)  # D != Dv stays on tl
+    assert not _supported(q.cpu(), q.cpu(), q.cpu(), layout, plain)

@@ -21,7 +21,7 @@ from tests._helpers import (
     poisoned_allocations,
 )
 from tests.ops.gluon._tl import reference_forward, tl_forward
-from thd.ops.attention.params import AttentionOptions, VarlenLayout
+from thd.ops.attention.params import AttentionOptions, ForwardCall, VarlenLayout
 
 pytestmark = pytest.mark.gpu
 
@@ -77,9 +77,9 @@ def _run(layout, heads_q, heads_kv, dim, dim_v, dtype, options, sinks=None, seed
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, _ = make_qkv(layout, heads_q, heads_kv, dim, dim_v, dtype, "cuda", generator=gen)
     varlen = _varlen(layout)
-    assert gluon_forward.supports_forward(q, k, v, varlen, options, sinks)
+    assert gluon_forward.supports_forward(ForwardCall(q, k, v, varlen, options, sinks))
     with poisoned_allocations():
-        out, lse = gluon_forward.forward(q, k, v, varlen, options, sinks)
+        out, lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options, sinks))
     ref_out, ref_lse = _reference(q, k, v, varlen, options, sinks)
     _check(layout, out, lse, ref_out, ref_lse, dtype)
     return q, k, v, varlen, out, lse
@@ -148,8 +148,8 @@ def test_forward_accumulate_matches_tl() -> None:
         out[~real] = sentinel
         lse[:, ~real] = sentinel
     tl_forward(q, k2, v2, varlen, AttentionOptions(128**-0.5), accumulate=partial_tl)
-    assert gluon_forward.supports_forward(q, k2, v2, varlen, options, accumulate=partial_gl)
-    gluon_forward.forward(q, k2, v2, varlen, AttentionOptions(128**-0.5), accumulate=partial_gl)
+    assert gluon_forward.supports_forward(ForwardCall(q, k2, v2, varlen, options, accumulate=partial_gl))
+    gluon_forward.forward(ForwardCall(q, k2, v2, varlen, AttentionOptions(128**-0.5), accumulate=partial_gl))
     assert_close(partial_gl[0][real], partial_tl[0][real], "accumulated out", atol=2e-2, rtol=2e-2)
     assert_close(partial_gl[1][:, real], partial_tl[1][:, real], "accumulated lse", atol=1e-3, rtol=0.0)
     assert_rows_equal(partial_gl[0], ~real, sentinel, "untouched out rows")
@@ -168,7 +168,7 @@ def test_forward_positions() -> None:
     varlen = VarlenLayout(**{**base.__dict__, "positions_q": pos_q, "positions_kv": pos_kv})
     options = AttentionOptions(0.125, causal=True, window_size=(300, -1))
     with poisoned_allocations():
-        out, lse = gluon_forward.forward(q, k, v, varlen, options)
+        out, lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
     ref_out, ref_lse = _reference(q, k, v, varlen, options)
     _check(layout, out, lse, ref_out, ref_lse, BF16)
 
@@ -191,20 +191,20 @@ def test_forward_no_host_sync_and_cuda_graph_replay() -> None:
         max_seqlen_q=512,
         max_seqlen_kv=512,
     )
-    gluon_forward.forward(q, k, v, varlen, options)  # compile outside the capture
+    gluon_forward.forward(ForwardCall(q, k, v, varlen, options))  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.cuda.graph(graph):
-            out, lse = gluon_forward.forward(q, k, v, varlen, options)
+            out, lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     cu, cup = new.cu("q", "cuda")
     for dst, src in zip(varlen.tensors()[:4], (cu, cu, cup, cup), strict=True):
         dst.copy_(src)
     graph.replay()
-    eager_out, eager_lse = gluon_forward.forward(q, k, v, varlen, options)
+    eager_out, eager_lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
     assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
     ref_out, ref_lse = _reference(q, k, v, varlen, options)
     _check(new, out, lse, ref_out, ref_lse, BF16)
@@ -216,11 +216,11 @@ def test_supports_forward_refuses_what_it_does_not_cover() -> None:
     q, k, v, _ = make_qkv(layout, 2, 2, 128, 128, BF16, "cuda", poison=None)
     varlen = _varlen(layout)
     options = AttentionOptions(0.1)
-    assert gluon_forward.supports_forward(q, k, v, varlen, options)
-    assert not gluon_forward.supports_forward(q.float(), k.float(), v.float(), varlen, options)
+    assert gluon_forward.supports_forward(ForwardCall(q, k, v, varlen, options))
+    assert not gluon_forward.supports_forward(ForwardCall(q.float(), k.float(), v.float(), varlen, options))
     q96 = torch.zeros(q.shape[0], 2, 96, device="cuda", dtype=BF16)
-    assert not gluon_forward.supports_forward(q96, q96, q96, varlen, options)
-    assert not gluon_forward.supports_forward(q.cpu(), k.cpu(), v.cpu(), varlen, options)
+    assert not gluon_forward.supports_forward(ForwardCall(q96, q96, q96, varlen, options))
+    assert not gluon_forward.supports_forward(ForwardCall(q.cpu(), k.cpu(), v.cpu(), varlen, options))
 
 
 def test_forward_without_max_seqlen_or_with_an_underestimate() -> None:
@@ -233,10 +233,10 @@ def test_forward_without_max_seqlen_or_with_an_underestimate() -> None:
     base = _varlen(layout)
     for max_seqlen in (None, 3):
         varlen = VarlenLayout(**{**base.__dict__, "max_seqlen_q": max_seqlen, "max_seqlen_kv": max_seqlen})
-        assert gluon_forward.supports_forward(q, k, v, varlen, options)
+        assert gluon_forward.supports_forward(ForwardCall(q, k, v, varlen, options))
         torch.cuda.set_sync_debug_mode("error")
         try:
-            out, lse = gluon_forward.forward(q, k, v, varlen, options)
+            out, lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
         finally:
             torch.cuda.set_sync_debug_mode("default")
         ref_out, ref_lse = _reference(q, k, v, base, options)

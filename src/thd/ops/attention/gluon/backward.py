@@ -1,6 +1,7 @@
 """Host side of the Gluon sm_90 attention backward: which calls it covers, tiles, grids, buffers.
 
-:func:`backward` keeps :func:`thd.ops.attention.launch.backward`'s contract exactly; calls that
+:func:`backward` keeps :func:`thd.ops.attention.launch.backward`'s contract exactly (one
+:class:`~thd.ops.attention.params.BackwardCall`); calls that
 :func:`supports_backward` turns down (CPU, the interpreter, GPUs other than sm_90, a Triton
 without Gluon's Hopper surface, softcap, head dims other than 64 and 128, D != Dv, fp32,
 tensors the copy engine cannot read) stay on the tl kernels.
@@ -21,7 +22,7 @@ from thd.ops.attention.gluon.host import (
     on_gluon_device,
     same_dtype,
 )
-from thd.ops.attention.params import AttentionOptions, VarlenLayout
+from thd.ops.attention.params import BackwardCall
 
 __all__ = ["ATOMIC_DQ", "TILES", "GluonTile", "backward", "supports_backward"]
 
@@ -101,22 +102,16 @@ def _tma_readable(t: Tensor) -> bool:
     )
 
 
-def supports_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    layout: VarlenLayout,
-    options: AttentionOptions,
-    sinks: Tensor | None = None,
-    accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
-) -> bool:
+def supports_backward(call: BackwardCall) -> bool:
     """Whether :func:`backward` covers this call (metadata only: no device reads)."""
+    q, k, v = call.saved[:3]
+    accumulate = call.accumulate
     if _INTERPRET or not on_gluon_device(q) or not same_dtype(q, k, v):
         return False
     head_dim = q.shape[2]
     if head_dim not in HEAD_DIMS or k.shape[2] != head_dim or v.shape[2] != head_dim:
         return False
-    if options.softcap > 0.0:
+    if call.options.softcap > 0.0:
         return False
     if accumulate is not None and any(t.dtype != torch.float32 for t in accumulate):
         return False
@@ -131,24 +126,14 @@ def _readable(t: Tensor) -> Tensor:
     return t if _tma_readable(t) else t.contiguous()
 
 
-def backward(
-    do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    layout: VarlenLayout,
-    options: AttentionOptions,
-    sinks: Tensor | None = None,
-    accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dsinks)`` as :func:`thd.ops.attention.launch.backward` returns them: padding
     rows 0; dQ from its own (bitwise-reproducible) kernel, or by fp32 atomics with
     :data:`ATOMIC_DQ` unless ``options.deterministic`` (or ``torch.use_deterministic_algorithms``);
     ``accumulate=(dq, dk, dv)`` (fp32) adds this launch's gradients on its real rows only."""
     from thd.ops.attention.gluon import backward_kernel as kernels
 
+    do, (q, k, v, out, lse, sinks), layout, options, accumulate = call
     q, k, v, do = (_readable(t) for t in (q, k, v, do))
     out = out if out.stride(-1) == 1 else out.contiguous()
     lse = lse.contiguous()

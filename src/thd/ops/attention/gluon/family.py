@@ -1,7 +1,8 @@
 """The Gluon kernels as a kernel family of the attention op (see :mod:`thd._runtime.families`).
 
-Each entry takes one typed call (:class:`ForwardCall` / :class:`BackwardCall`) and hands its
-fields to :mod:`~thd.ops.attention.gluon.forward` / :mod:`~thd.ops.attention.gluon.backward`.
+Each entry takes one typed call (:class:`ForwardCall` / :class:`BackwardCall`); the launches and
+their ``supports_*`` are :mod:`~thd.ops.attention.gluon.forward`'s and
+:mod:`~thd.ops.attention.gluon.backward`'s own.
 ``supports_*`` say whether the family can run a call (``THD_KERNELS=gluon`` runs it then);
 ``auto_*`` whether ``THD_KERNELS=auto`` should prefer it over ``tl`` for a supported call, from
 what was measured on the H200 (benchmarks/results/gluon-fwd.json, gluon-bwd-run2.json): the
@@ -11,8 +12,6 @@ for the forward; the Gluon backward took 0.90x tl's time at head dim 128 and 1.1
 """
 
 from __future__ import annotations
-
-from torch import Tensor
 
 from thd.ops.attention.gluon import backward as gluon_backward
 from thd.ops.attention.gluon import forward as gluon_forward
@@ -24,26 +23,10 @@ AUTO_BACKWARD_HEAD_DIMS = (128,)
 """Head dims whose Gluon backward measured faster than tl's (``auto`` picks it there)."""
 
 
-def _backward_args(call: BackwardCall) -> tuple:
-    """The Gluon backward's positional arguments, in its order (the forward's are the
-    :class:`ForwardCall` fields, in order)."""
-    saved = call.saved
-    return (
-        call.do,
-        saved.q,
-        saved.k,
-        saved.v,
-        saved.out,
-        saved.lse,
-        call.layout,
-        call.options,
-        saved.sinks,
-        call.accumulate,
-    )
-
-
-def supports_forward(call: ForwardCall) -> bool:
-    return gluon_forward.supports_forward(*call)
+supports_forward = gluon_forward.supports_forward
+forward = gluon_forward.forward
+supports_backward = gluon_backward.supports_backward
+backward = gluon_backward.backward
 
 
 def auto_forward(call: ForwardCall) -> bool:
@@ -52,20 +35,5 @@ def auto_forward(call: ForwardCall) -> bool:
     return False
 
 
-def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
-    return gluon_forward.forward(*call)
-
-
-def supports_backward(call: BackwardCall) -> bool:
-    saved = call.saved
-    return gluon_backward.supports_backward(
-        *saved[:3], call.layout, call.options, saved.sinks, call.accumulate
-    )
-
-
 def auto_backward(call: BackwardCall) -> bool:
     return call.saved.q.shape[2] in AUTO_BACKWARD_HEAD_DIMS
-
-
-def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    return gluon_backward.backward(*_backward_args(call))

@@ -1,5 +1,6 @@
 """Host side of the Gluon forward: which calls it takes (:func:`supports_forward`) and the launch
-(:func:`forward`, the contract of ``thd.ops.attention.launch.forward``).
+(:func:`forward`, the contract of ``thd.ops.attention.launch.forward``); both take one
+:class:`~thd.ops.attention.params.ForwardCall`.
 
 The kernel (``forward_kernel.py``) needs an sm_90 GPU, 16-bit inputs, head dims 64 or 128 and rows
 whose starts the copy engine can address (16-byte aligned data and row/head strides). Anything else
@@ -22,7 +23,7 @@ from thd.ops.attention.gluon.host import (
     on_gluon_device,
     same_dtype,
 )
-from thd.ops.attention.params import AttentionOptions, VarlenLayout
+from thd.ops.attention.params import ForwardCall, VarlenLayout
 
 __all__ = ["GluonTile", "TILES", "forward", "supports_forward", "tile_for"]
 
@@ -106,20 +107,12 @@ def _copyable(t: Tensor) -> bool:
     )
 
 
-def supports_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    layout: VarlenLayout,
-    options: AttentionOptions,
-    sinks: Tensor | None = None,
-    accumulate: tuple[Tensor, Tensor] | None = None,
-) -> bool:
+def supports_forward(call: ForwardCall) -> bool:
     """Whether :func:`forward` computes this call (else it is the ``tl`` kernels'): an sm_90 GPU,
     a Triton with Gluon's Hopper surface, bf16/fp16 ``q, k, v`` of one dtype, head dims 64 or 128,
     TMA-addressable rows. ``options`` and ``sinks`` take any value the
-    ``tl`` forward takes."""
-    del options, sinks  # every window, softcap, sink and scale is covered
+    ``tl`` forward takes (every window, softcap, sink and scale is covered)."""
+    q, k, v, accumulate = call.q, call.k, call.v, call.accumulate
     if not on_gluon_device(q) or not same_dtype(q, k, v):
         return False
     if q.shape[2] not in HEAD_DIMS or k.shape[2] != q.shape[2] or v.shape[2] not in HEAD_DIMS:
@@ -129,15 +122,7 @@ def supports_forward(
     return all(_copyable(t) for t in (q, k, v))
 
 
-def forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    layout: VarlenLayout,
-    options: AttentionOptions,
-    sinks: Tensor | None = None,
-    accumulate: tuple[Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor]:
+def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     """One launch: ``(out, lse)``, padding rows written as 0 / -inf by the kernel.
 
     ``layout.max_seqlen_*`` are not needed (the work list is built on the device from the offsets,
@@ -146,6 +131,7 @@ def forward(
     """
     from thd.ops.attention.gluon.forward_kernel import attention_fwd_kernel
 
+    q, k, v, layout, options, sinks, accumulate = call
     num_rows, num_heads = q.shape[0], q.shape[1]
     if accumulate is None:
         out = q.new_empty(num_rows, num_heads, v.shape[2])
