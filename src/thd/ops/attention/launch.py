@@ -19,6 +19,7 @@ from thd._runtime import tiles
 from thd._runtime.launcher import KernelLauncher
 from thd._runtime.tiles import SETTINGS
 from thd.ops.attention import kernels
+from thd.ops.attention.buffers import forward_outputs, gradient_buffers
 from thd.ops.attention.params import AttentionOptions, BackwardCall, ForwardCall, VarlenLayout
 
 __all__ = [
@@ -377,11 +378,7 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     q, k, v, layout, options, sinks, accumulate = call
     q, k, v = _rows_major(q), _rows_major(k), _rows_major(v)
     num_rows, num_heads = q.shape[0], q.shape[1]
-    if accumulate is None:
-        out = q.new_empty(num_rows, num_heads, v.shape[2])
-        lse = q.new_empty(num_heads, num_rows, dtype=torch.float32)
-    else:
-        out, lse = accumulate
+    out, lse = forward_outputs(call)
     if num_rows == 0:
         return out, lse
     assert layout.max_seqlen_q is not None
@@ -409,13 +406,8 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     assert max_q is not None and max_kv is not None
     dq_mode = tiles.dq_mode(options.deterministic)
     atomic = dq_mode > 0
-    if accumulate is not None:  # atomics add into the fp32 dq buffer as they would into a fresh one
-        dq, dk, dv = accumulate
-    elif atomic:
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
-    else:
-        dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    # atomics add into an accumulated fp32 dq buffer as they would into a fresh one
+    dq, dk, dv = gradient_buffers(call, atomic_dq=atomic)
     delta = torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     accumulating = accumulate is not None

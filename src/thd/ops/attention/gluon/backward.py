@@ -16,6 +16,7 @@ from torch import Tensor
 
 from thd._runtime.config import kernel_settings
 from thd._runtime.launcher import ensure_scratch_allocator
+from thd.ops.attention.buffers import gradient_buffers
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
     kernel_positions,
@@ -143,13 +144,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     deterministic = options.deterministic or torch.are_deterministic_algorithms_enabled()
     atomic = ATOMIC_DQ and not deterministic
     head_dim = q.shape[2]
-    if accumulate is not None:
-        dq, dk, dv = accumulate
-    elif atomic:
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
-    else:
-        dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dq, dk, dv = gradient_buffers(call, atomic_dq=atomic)
     delta = torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from thd._runtime.launcher import ensure_scratch_allocator
+from thd.ops.attention.buffers import forward_outputs
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
     device_index,
@@ -133,11 +134,7 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
 
     q, k, v, layout, options, sinks, accumulate = call
     num_rows, num_heads = q.shape[0], q.shape[1]
-    if accumulate is None:
-        out = q.new_empty(num_rows, num_heads, v.shape[2])
-        lse = q.new_empty(num_heads, num_rows, dtype=torch.float32)
-    else:
-        out, lse = accumulate
+    out, lse = forward_outputs(call)
     if num_rows == 0:
         return out, lse
     if layout.num_seqs == 0:  # every row is tail capacity
