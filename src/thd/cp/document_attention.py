@@ -10,6 +10,8 @@ is used. Both parts write exact zeros on padding rows and never read padding row
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -30,18 +32,40 @@ def _local_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
+def _region_attention(
+    attend: Callable[..., Tensor | tuple[Tensor, Tensor]],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    region: tuple[Tensor, Tensor, int],
+    keywords: dict[str, object],
+) -> Tensor:
+    """``out`` of ``attend`` (:func:`thd.attention` or :func:`thd.cp.ring_attention`) over one
+    region of the buffer: self-attention on its ``(cu_seqlens, cu_seqlens_padded, max_seqlen)``."""
+    cu, cup, max_seqlen = region
+    out = attend(
+        q,
+        k,
+        v,
+        cu,
+        cu,
+        cu_seqlens_q_padded=cup,
+        cu_seqlens_kv_padded=cup,
+        max_seqlen_q=max_seqlen,
+        max_seqlen_kv=max_seqlen,
+        **keywords,
+    )
+    assert isinstance(out, Tensor)
+    return out
+
+
 def _local_attention(
     q: Tensor, k: Tensor, v: Tensor, layout: DocumentLayout, variants: dict[str, object]
 ) -> Tensor:
     import thd
 
     cu = layout.local_cu_seqlens
-    out = thd.attention(
-        q, k, v, cu, cu, cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu,
-        max_seqlen_q=layout.local_max_seqlen, max_seqlen_kv=layout.local_max_seqlen, **variants,
-    )  # fmt: skip
-    assert isinstance(out, Tensor)
-    return out
+    return _region_attention(thd.attention, q, k, v, (cu, cu, layout.local_max_seqlen), variants)
 
 
 def _ring(
@@ -54,13 +78,9 @@ def _ring(
 ) -> Tensor:
     from thd.cp import ring_attention  # the public entry point (on use: thd.cp imports this module)
 
-    cu, cup = layout.ring_cu_seqlens, layout.ring_cu_seqlens_padded
-    out = ring_attention(
-        q, k, v, cu, cu, cup, cup, group=group, pad_between_seqs=layout.ring_pad_between_seqs,
-        max_seqlen_q=layout.ring_max_seqlen, max_seqlen_kv=layout.ring_max_seqlen, **variants,
-    )  # fmt: skip
-    assert isinstance(out, Tensor)
-    return out
+    region = (layout.ring_cu_seqlens, layout.ring_cu_seqlens_padded, layout.ring_max_seqlen)
+    keywords = {**variants, "group": group, "pad_between_seqs": layout.ring_pad_between_seqs}
+    return _region_attention(ring_attention, q, k, v, region, keywords)
 
 
 def document_attention(
