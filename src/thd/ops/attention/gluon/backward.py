@@ -19,9 +19,10 @@ from thd._runtime.launcher import ensure_scratch_allocator
 from thd.ops.attention.buffers import gradient_buffers
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
-    kernel_positions,
     on_gluon_device,
+    row_strides,
     same_dtype,
+    sequence_args,
 )
 from thd.ops.attention.params import BackwardCall
 
@@ -158,10 +159,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
             layout.cu_seqlens_q,
             layout.slots_q,
             q.shape[0],
-            out.stride(0),
-            out.stride(1),
-            do.stride(0),
-            do.stride(1),
+            *row_strides(out, do),
             delta.stride(0),
             HEAD_DIM_V=v.shape[2],
             HAS_SINKS=sinks is not None,
@@ -170,25 +168,8 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
             num_warps=4,
         )
     ensure_scratch_allocator()
-    has_positions, pos_q, pos_kv = kernel_positions(layout)
-    sequences = (
-        layout.cu_seqlens_q,
-        layout.cu_seqlens_kv,
-        layout.slots_q,
-        layout.slots_kv,
-        pos_q,
-        pos_kv,
-        q.shape[0],
-        k.shape[0],
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        do.stride(0),
-        do.stride(1),
-    )
+    has_positions, layout_args = sequence_args(layout)
+    sequences = (*layout_args, q.shape[0], k.shape[0], *row_strides(q, k, v, do))
     variant = {
         "GROUP": num_heads // num_kv_heads,
         "HEAD_DIM": q.shape[2],
@@ -213,12 +194,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
             dv,
             dq,
             *sequences,
-            dk.stride(0),
-            dk.stride(1),
-            dv.stride(0),
-            dv.stride(1),
-            dq.stride(0),
-            dq.stride(1),
+            *row_strides(dk, dv, dq),
             lse.stride(0),
             *window,
             **variant,
@@ -239,8 +215,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
             delta,
             dq,
             *sequences,
-            dq.stride(0),
-            dq.stride(1),
+            *row_strides(dq),
             lse.stride(0),
             *window,
             **variant,

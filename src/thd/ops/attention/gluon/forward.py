@@ -19,10 +19,11 @@ from thd.ops.attention.buffers import forward_outputs
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
     device_index,
-    kernel_positions,
     num_sms,
     on_gluon_device,
+    row_strides,
     same_dtype,
+    sequence_args,
 )
 from thd.ops.attention.params import ForwardCall, VarlenLayout
 
@@ -144,7 +145,7 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
         return out, lse
     ensure_scratch_allocator()
     tile = tile_for(q.shape[2], v.shape[2])
-    positions, pos_q, pos_kv = kernel_positions(layout)
+    positions, layout_args = sequence_args(layout)
     softcap = options.softcap if options.softcap > 0.0 else 1.0
     seq, blk, count = _work_list(layout, num_rows, tile.block_m)
     grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, seq.shape[0] * num_heads),)
@@ -155,12 +156,7 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
         out,
         lse,
         q if sinks is None else sinks,
-        layout.cu_seqlens_q,
-        layout.cu_seqlens_kv,
-        layout.slots_q,
-        layout.slots_kv,
-        pos_q,
-        pos_kv,
+        *layout_args,
         seq,
         blk,
         count,
@@ -168,14 +164,7 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
         num_heads,
         num_rows,
         k.shape[0],
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
+        *row_strides(q, k, v, out),
         lse.stride(0),
         options.softmax_scale,
         softcap,

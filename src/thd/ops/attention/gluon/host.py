@@ -1,6 +1,7 @@
 """Host-side pieces both Gluon wrappers share: what the kernels take (dtypes, head dims, an sm_90
-device) and the ``positions`` arguments. The descriptors' scratch allocator is
-:func:`thd._runtime.launcher.ensure_scratch_allocator`, shared with the tl kernels."""
+device) and the argument groups of their launches (per-sequence tensors, strides). The descriptors'
+scratch allocator is :func:`thd._runtime.launcher.ensure_scratch_allocator`, shared with the tl
+kernels."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ __all__ = [
     "DTYPES",
     "HEAD_DIMS",
     "device_index",
-    "kernel_positions",
     "num_sms",
     "on_gluon_device",
+    "row_strides",
     "same_dtype",
+    "sequence_args",
 ]
 
 HEAD_DIMS = (64, 128)
@@ -50,8 +52,17 @@ def same_dtype(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return q.dtype in DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
 
 
-def kernel_positions(layout: VarlenLayout) -> tuple[bool, Tensor, Tensor]:
-    """``(HAS_POSITIONS, pos_q, pos_kv)``: the offsets stand in (unread) when there are none."""
+def sequence_args(layout: VarlenLayout) -> tuple[bool, tuple[Tensor, ...]]:
+    """``(HAS_POSITIONS, args)``: the kernels' per-sequence arguments in their order, ``cu_q, cu_kv,
+    slots_q, slots_kv, pos_q, pos_kv`` (the offsets stand in, unread, for absent positions)."""
     if layout.positions_q is None or layout.positions_kv is None:
-        return False, layout.cu_seqlens_q, layout.cu_seqlens_kv
-    return True, layout.positions_q, layout.positions_kv
+        has_positions, pos_q, pos_kv = False, layout.cu_seqlens_q, layout.cu_seqlens_kv
+    else:
+        has_positions, pos_q, pos_kv = True, layout.positions_q, layout.positions_kv
+    offsets = (layout.cu_seqlens_q, layout.cu_seqlens_kv, layout.slots_q, layout.slots_kv)
+    return has_positions, (*offsets, pos_q, pos_kv)
+
+
+def row_strides(*tensors: Tensor) -> tuple[int, ...]:
+    """The row and head strides of each ``[T, H, D]`` tensor, in order: ``t.stride(0), t.stride(1)``."""
+    return tuple(stride for t in tensors for stride in (t.stride(0), t.stride(1)))
