@@ -19,6 +19,7 @@ from thd._runtime.launcher import ensure_scratch_allocator
 from thd.ops.attention.buffers import gradient_buffers
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
+    WarpSpecializedTile,
     on_gluon_device,
     row_strides,
     same_dtype,
@@ -33,18 +34,14 @@ _INTERPRET = _SETTINGS.interpret
 
 
 @dataclass(frozen=True)
-class GluonTile:
-    """Rows per tile (``block_m`` queries, ``block_n`` keys), consumer partitions (1: one of 8 warps,
-    i.e. two warpgroups running the same code; 2: two 4-warp partitions, each its half of the tile,
-    ordered only by the ring's mbarriers), TMA ring stages, and the registers of the one-warp
-    producer and of the second consumer partition (the first gets what is left)."""
+class GluonTile(WarpSpecializedTile):
+    """The backward's tile: rows per tile (``block_m`` queries, ``block_n`` keys), consumer
+    partitions (1: one of 8 warps, i.e. two warpgroups running the same code; 2: two 4-warp
+    partitions, each its half of the tile, ordered only by the ring's mbarriers) and TMA ring
+    stages; the producer's and second consumer's registers as :class:`WarpSpecializedTile`'s."""
 
-    block_m: int
-    block_n: int
     consumers: int = 1
     num_stages: int = 2
-    producer_regs: int = 24
-    consumer_regs: int = 240
 
     @property
     def num_warps(self) -> int:

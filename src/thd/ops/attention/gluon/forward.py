@@ -18,6 +18,7 @@ from thd._runtime.launcher import ensure_scratch_allocator
 from thd.ops.attention.buffers import forward_outputs
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
+    WarpSpecializedTile,
     device_index,
     num_sms,
     on_gluon_device,
@@ -31,21 +32,17 @@ __all__ = ["GluonTile", "TILES", "forward", "supports_forward", "tile_for"]
 
 
 @dataclass(frozen=True)
-class GluonTile:
-    """Query rows per work item (``block_m``, split over the consumer warpgroups), key rows per
-    stage (``block_n``), warps of the default partition, the K/V ring's depth, the consumer
-    partitions (2: two 4-warp warpgroups of ``block_m / 2`` rows taking turns, FA3's ping-pong;
-    1: the default partition alone), register budgets of the producer warp and of the second
-    consumer, the kernel's per-thread register cap (the default partition gets the rest) and how
-    many persistent programs share an SM."""
+class GluonTile(WarpSpecializedTile):
+    """The forward's tile: query rows per work item (``block_m``, split over the consumer
+    warpgroups), key rows per stage (``block_n``), warps of the default partition, the K/V ring's
+    depth, the consumer partitions (2: two 4-warp warpgroups of ``block_m / 2`` rows taking turns,
+    FA3's ping-pong; 1: the default partition alone), the kernel's per-thread register cap (the
+    default partition gets the rest) and how many persistent programs share an SM; the producer's
+    and second consumer's registers as :class:`WarpSpecializedTile`'s."""
 
-    block_m: int
-    block_n: int
     num_warps: int
     stages: int
     consumers: int = 2
-    producer_regs: int = 24
-    consumer_regs: int = 240
     maxnreg: int = 168
     # Persistent programs per SM (shared memory and registers must allow it). Not used by TILES: on
     # the H200, 64x64w4s2c1 at maxnreg 128 with 2 per SM ran (D=128, slower than TILES), but the

@@ -6,6 +6,7 @@ kernels."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -22,10 +23,24 @@ __all__ = [
     "row_strides",
     "same_dtype",
     "sequence_args",
+    "WarpSpecializedTile",
 ]
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class WarpSpecializedTile:
+    """What the tiles of both Gluon kernels have: ``block_m`` query rows and ``block_n`` key rows
+    per tile, and the register budgets of the one-warp TMA producer and of the second consumer
+    partition (FA3's 24/240; the first consumer gets what is left). The budgets are keyword-only,
+    so each kernel's tile lists its own fields positionally after the rows."""
+
+    block_m: int
+    block_n: int
+    producer_regs: int = field(default=24, kw_only=True)
+    consumer_regs: int = field(default=240, kw_only=True)
 
 
 def device_index(device: torch.device) -> int:
