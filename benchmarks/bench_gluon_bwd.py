@@ -64,9 +64,9 @@ def _provider(name: str) -> Callable[..., tuple]:
         return launch.backward
     atomic, tiles = setting
 
-    def call(backward_call: BackwardCall) -> tuple:
+    def call(typed_call: BackwardCall) -> tuple:
         gluon_backward.ATOMIC_DQ, gluon_backward.TILES = atomic, tiles
-        return gluon_backward.backward(backward_call)
+        return gluon_backward.backward(typed_call)
 
     return call
 
