@@ -30,7 +30,7 @@ from benchmarks._common import (
     make_record,
     write_json,
 )
-from benchmarks.bench_attention import LayoutSpec, fa4_provider, fa4_version, make_problem
+from benchmarks.attention_providers import LayoutSpec, fa4_provider, make_problem, peer_versions
 from thd.ops.attention import launch
 from thd.ops.attention.gluon import forward as gluon_forward
 from thd.ops.attention.params import AttentionOptions, ForwardCall, VarlenLayout
@@ -192,7 +192,7 @@ def _payload(args: argparse.Namespace, records: list[dict[str, Any]], ratios: li
         "command": command_line(),
         "commit": args.commit,
         "env": env_fingerprint(),
-        "fa4_version": fa4_version() if args.fa4 else None,
+        "fa4_version": peer_versions()["fa4"] if args.fa4 else None,
         "config": {"heads": 16, "dtype": "bfloat16", "causal": True, "rep_ms": args.rep_ms},
         "records": records,
         "ratios": ratios,

@@ -24,11 +24,11 @@ from _common import (
     attention_flops,
     bench_back_to_back,
     command_line,
+    document_lengths,
     env_fingerprint,
     make_record,
     write_json,
 )
-from bench_attention import document_lengths
 
 from thd.ops.attention import launch
 from thd.ops.attention.gluon import backward as gluon_backward
