@@ -103,21 +103,22 @@ def oracle(
     variant,
     attention: Callable[..., Any] | None = None,
 ) -> tuple[Tensor, ...]:
-    """``(out, dq, dk, dv, dsinks)`` of single-device attention on the global batch
+    """``(out, dq, dk, dv, dsinks, lse)`` of single-device attention on the global batch
     (:func:`thd.reference.attention` unless ``attention`` is given)."""
     causal, window, softcap, _ = variant
     cu, cup = (t.to(do.device) for t in batch.cu())
     leaves = [t.detach().clone().requires_grad_() for t in qkv]
     s = None if sinks is None else sinks.detach().clone().requires_grad_()
     longest = max(batch.lengths, default=0)
-    out = (attention or thd.reference.attention)(
+    out, lse = (attention or thd.reference.attention)(
         *leaves, cu, cu, cu_seqlens_q_padded=cup, cu_seqlens_kv_padded=cup, causal=causal,
         window_size=window, softcap=softcap, sinks=s, max_seqlen_q=longest, max_seqlen_kv=longest,
+        return_lse=True,
     )  # fmt: skip
     real = batch.real().to(do.device)
     out.backward(torch.where(real[:, None, None], do, 0.0))
     grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]
-    return (out.detach(), *grads, None if s is None else s.grad)
+    return (out.detach(), *grads, None if s is None else s.grad, lse.detach())
 
 
 def _gather_index(plan: Any, rank: int, offsets: Sequence[int]) -> tuple[Tensor, Tensor]:
@@ -183,16 +184,20 @@ def check_rank(
                 t[~real.to(device)] = float("nan")
         leaves = [t.detach().clone().requires_grad_() for t in shards[:3]]
         s = sinks.detach().clone().requires_grad_() if with_sinks else None
-        out = attention(*leaves, layout, causal=causal, window_size=window, softcap=softcap, sinks=s)
+        out, lse = attention(
+            *leaves, layout, causal=causal, window_size=window, softcap=softcap, sinks=s, return_lse=True
+        )
         out.backward(shards[3])
         ds = None if s is None else s.grad
-        return (out.detach(), *(t.grad for t in leaves), ds)
+        return (out.detach(), *(t.grad for t in leaves), ds, lse.detach())
 
     got = run(poison=False)
     names = ("out", "dq", "dk", "dv")
     for name, g, w in zip(names, got[:4], want[:4], strict=True):
         assert_close(g, mine(w), f"{label}: {name}", **tolerance(dtype, "grad" if name != "out" else "out"))
         assert_rows_equal(g, ~real.to(device), 0.0, f"{label}: {name} padding rows")
+    want_lse = torch.where(real.to(device).view(1, -1), want[5][:, index.to(device)], float("-inf"))
+    assert_close(got[5], want_lse, f"{label}: lse", **tolerance(torch.float32))
     if with_sinks and all_reduce is not None:
         assert_close(
             all_reduce(got[4].clone()),
@@ -201,8 +206,10 @@ def check_rank(
             **tolerance(dtype, "grad"),
         )
     again = run(poison=True)
-    for name, g, a in zip(names, got[:4], again[:4], strict=True):
-        assert torch.equal(g, a), f"{label}: {name} changed when the buffer's padding rows hold NaN"
+    for name, g, a in zip((*names, "dsinks", "lse"), got, again, strict=True):
+        assert g is None or torch.equal(g, a), (
+            f"{label}: {name} changed when the buffer's padding rows hold NaN"
+        )
     return got[:4]
 
 

@@ -80,12 +80,12 @@ def _check_threads(
             t[~lay.valid] = float("nan")  # the buffer's padding is never read
     kw = {"causal": causal, "window_size": window, "softcap": softcap, "sinks": sinks}
 
-    def forward(rank: int, comm: object) -> torch.Tensor:
+    def forward(rank: int, comm: object) -> tuple[torch.Tensor, torch.Tensor]:
         here.comm = comm
         with torch.no_grad():
-            return document_attention(*shards[rank][:3], layouts[rank], **kw)
+            return document_attention(*shards[rank][:3], layouts[rank], return_lse=True, **kw)
 
-    outs = run_ranks(cp, forward)
+    outs, lses = zip(*run_ranks(cp, forward), strict=True)
     options = check_variants(q, causal, None, window, softcap, sinks)
     lay0 = layouts[0]
     ring_layout = VarlenLayout(
@@ -138,6 +138,8 @@ def _check_threads(
                 g, mine(w), f"{label}: {name}", **tolerance(dtype, "grad" if name != "out" else "out")
             )
             assert_rows_equal(g, ~real, 0.0, f"{label}: {name} padding rows")
+        want_lse = torch.where(real.view(1, -1), want[5][:, lay.index], float("-inf"))
+        assert_close(lses[rank], want_lse, f"{label}: lse", **tolerance(torch.float32))
     if sinks is not None:
         total = torch.stack([d.float() for d in dsinks]).sum(0)
         assert_close(total, want[4], f"{batch.name}: dsinks", **tolerance(dtype, "grad"))

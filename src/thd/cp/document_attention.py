@@ -33,17 +33,17 @@ def _local_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def _region_attention(
-    attend: Callable[..., Tensor | tuple[Tensor, Tensor]],
+    attend: Callable[..., tuple[Tensor, Tensor]],
     q: Tensor,
     k: Tensor,
     v: Tensor,
     region: tuple[Tensor, Tensor, int],
     keywords: dict[str, object],
-) -> Tensor:
-    """``out`` of ``attend`` (:func:`thd.attention` or :func:`thd.cp.ring_attention`) over one
-    region of the buffer: self-attention on its ``(cu_seqlens, cu_seqlens_padded, max_seqlen)``."""
+) -> tuple[Tensor, Tensor]:
+    """``(out, lse)`` of ``attend`` (:func:`thd.attention` or :func:`thd.cp.ring_attention`) over
+    one region of the buffer: self-attention on its ``(cu_seqlens, cu_seqlens_padded, max_seqlen)``."""
     cu, cup, max_seqlen = region
-    out = attend(
+    out, lse = attend(
         q,
         k,
         v,
@@ -53,15 +53,15 @@ def _region_attention(
         cu_seqlens_kv_padded=cup,
         max_seqlen_q=max_seqlen,
         max_seqlen_kv=max_seqlen,
+        return_lse=True,
         **keywords,
     )
-    assert isinstance(out, Tensor)
-    return out
+    return out, lse
 
 
 def _local_attention(
     q: Tensor, k: Tensor, v: Tensor, layout: DocumentLayout, variants: dict[str, object]
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     import thd
 
     cu = layout.local_cu_seqlens
@@ -75,7 +75,7 @@ def _ring(
     layout: DocumentLayout,
     group: dist.ProcessGroup | None,
     variants: dict[str, object],
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     from thd.cp import ring_attention  # the public entry point (on use: thd.cp imports this module)
 
     region = (layout.ring_cu_seqlens, layout.ring_cu_seqlens_padded, layout.ring_max_seqlen)
@@ -95,8 +95,9 @@ def document_attention(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     sinks: Tensor | None = None,
+    return_lse: bool = False,
     overlap: bool = True,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, Tensor]:
     """Self-attention of this rank's buffer (``[layout.rows, H, D]`` from
     :func:`thd.cp.partition_documents`); differentiable.
 
@@ -108,11 +109,13 @@ def document_attention(
         causal, softmax_scale, window_size, softcap, sinks: as for :func:`thd.attention` (windows
             are over each whole document). ``sinks``' gradient on each rank is its part: sum it
             over the group as for :func:`thd.cp.ring_attention`.
+        return_lse: also return the log-sum-exp of the scores.
         overlap: on CUDA, run the local documents on a side stream during the ring.
 
     Returns:
-        ``out [rows, Hq, Dv]`` with exact zeros on padding rows; the backward gives exact zeros
-        on the padding rows of ``dq``, ``dk``, ``dv``.
+        ``out [rows, Hq, Dv]`` with exact zeros on padding rows and, with ``return_lse``,
+        ``lse [Hq, rows]`` fp32 with ``-inf`` on padding rows (as :func:`thd.attention`'s); the
+        backward gives exact zeros on the padding rows of ``dq``, ``dk``, ``dv``.
     """
     fn = "document_attention"
     if not isinstance(layout, DocumentLayout):
@@ -145,27 +148,37 @@ def document_attention(
         "sinks": sinks,
     }
     split = layout.ring_rows
-    parts: list[Tensor] = []
-    local_out: Tensor | None = None
+    parts: list[tuple[Tensor, Tensor]] = []
+    local: tuple[Tensor, Tensor] | None = None
     side = overlap and q.is_cuda and layout.has_local and layout.has_ring
     if side:
         current = torch.cuda.current_stream(q.device)
         stream = _local_stream(q.device)
         stream.wait_stream(current)
         with torch.cuda.stream(stream):
-            local_out = _local_attention(q[split:], k[split:], v[split:], layout, variants)
+            local = _local_attention(q[split:], k[split:], v[split:], layout, variants)
     elif layout.has_local:
-        local_out = _local_attention(q[split:], k[split:], v[split:], layout, variants)
+        local = _local_attention(q[split:], k[split:], v[split:], layout, variants)
     if layout.has_ring:
         parts.append(_ring(q[:split], k[:split], v[:split], layout, group, variants))
     if side:
-        assert local_out is not None
+        assert local is not None
         current.wait_stream(stream)
-        local_out.record_stream(current)
-    if local_out is not None:
-        parts.append(local_out)
-    elif layout.rows > split:
-        parts.append(q.new_zeros(layout.rows - split, q.shape[1], v.shape[2]))
-    if not parts:  # an empty buffer
-        return q.new_zeros(0, q.shape[1], v.shape[2])
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+        for t in local:
+            t.record_stream(current)
+    if local is not None:
+        parts.append(local)
+    elif layout.rows > split or not parts:  # no local document: padding rows (or an empty buffer)
+        rows = layout.rows - split
+        parts.append(
+            (
+                q.new_zeros(rows, q.shape[1], v.shape[2]),
+                torch.full((q.shape[1], rows), float("-inf"), dtype=torch.float32, device=q.device),
+            )
+        )
+    out, lse = (
+        parts[0]
+        if len(parts) == 1
+        else (torch.cat([o for o, _ in parts]), torch.cat([x for _, x in parts], 1))
+    )
+    return (out, lse) if return_lse else out
