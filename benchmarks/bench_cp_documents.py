@@ -217,7 +217,10 @@ def _rank_times(
     return per_rank
 
 
-def measure_balance(args: argparse.Namespace) -> list[dict[str, Any]]:
+def measure_balance(
+    args: argparse.Namespace, checkpoint: Callable[[list[dict[str, Any]]], None] = lambda rows: None
+) -> list[dict[str, Any]]:
+    """Each rank's timed work per (mix, cp, plan); ``checkpoint(rows so far)`` after each case."""
     from thd.cp import CostModel, plan_documents
 
     device = torch.device(args.device)
@@ -248,6 +251,7 @@ def measure_balance(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "model_imbalance": plan.imbalance, "buffer_rows": plan.rows,
                     })  # fmt: skip
                 print(f"done balance {name} mix={mix} cp={cp}", file=sys.stderr, flush=True)
+                checkpoint(out)
     return out
 
 
@@ -330,11 +334,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("THD_ATTENTION_BACKEND", "reference")
     payload: dict[str, Any] = {"benchmark": "cp_documents", "command": args.command, "commit": args.commit}
     rows: list[dict[str, Any]] = []
-    for part, fn in (("bytes", measure_bytes), ("planning", measure_planning), ("balance", measure_balance)):
+
+    def save(more: list[dict[str, Any]]) -> None:  # a cut-short run keeps what it measured
+        payload.update(
+            env=env_fingerprint(), config=vars(args), records=rows + more, summary=summarize(rows + more)
+        )
+        write_json(args.out, payload)
+
+    for part, fn in (("bytes", measure_bytes), ("planning", measure_planning)):
         if part in args.parts:
             rows.extend(fn(args))
-            payload.update(env=env_fingerprint(), config=vars(args), records=rows, summary=summarize(rows))
-            write_json(args.out, payload)  # after every part: a cut-short run keeps its data
+            save([])
+    if "balance" in args.parts:
+        rows.extend(measure_balance(args, checkpoint=save))
+        save([])
     for key, value in summarize(rows).items():
         print(key, value, file=sys.stderr)
     print(f"wrote {args.out}", file=sys.stderr)

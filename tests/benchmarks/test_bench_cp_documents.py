@@ -82,3 +82,30 @@ def test_quick_run_writes_every_part(tmp_path: Path, monkeypatch: pytest.MonkeyP
                 assert rank["total"] == pytest.approx(rank["local"] + rank["ring"] + rank["linear"])
             assert r["max_over_mean"] >= 1.0
     assert payload["command"].startswith("bench_cp_documents.py --out")
+
+
+def test_balance_checkpoints_after_every_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU run cut short by its time limit keeps every finished (mix, cp, plan) case."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
+    import bench_cp_documents
+
+    args = bench_cp_documents.parse_args(
+        [
+            "--out",
+            "unused.json",
+            "--quick",
+            "--device",
+            "cpu",
+            "--cp",
+            "2",
+            "--tokens",
+            "64",
+            "--modes",
+            "fwd",
+        ]
+    )
+    seen: list[int] = []
+    rows = bench_cp_documents.measure_balance(args, checkpoint=lambda rows: seen.append(len(rows)))
+    cases = len(args.mixes) * len(args.cp) * 2  # document and uniform plans
+    assert seen == list(range(1, cases + 1)) and len(rows) == cases
