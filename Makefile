@@ -5,7 +5,7 @@ PY          := $(VENV)/bin/python
 GPU_PY      ?= python3
 PYTEST_ARGS ?=
 TORCH_PIN   ?= torch==2.13.0
-RELEASE_DEPS := packaging==26.4 build==1.6.1 "wheel>=0.48" "setuptools>=75.8.1"
+RELEASE_DEPS := packaging==26.4 build==1.6.1 "wheel>=0.48" "setuptools>=75.8.1" isal==1.9.1
 TEST_DEPS    := $(TORCH_PIN) triton==3.9.0 numpy pytest pytest-xdist hypothesis ruff \
                 installer check-wheel-contents twine jsonschema transformers==5.17.0
 OUTDIR      ?= dist
@@ -18,7 +18,7 @@ help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 $(VENV)/.stamp-release: Makefile
-	@echo "==> creating $(VENV) with the release tool's dependencies (packaging, build, wheel, setuptools)"
+	@echo "==> creating $(VENV) with the release tool's dependencies (packaging, build, wheel, setuptools, isal)"
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check --progress-bar off $(RELEASE_DEPS)
 	touch $@

@@ -13,7 +13,11 @@ Measured, each command in a fresh child process (wall time, and peak RSS through
   input, one streaming pass, the output verified from what the pass knows);
 * ``baseline``: ``wheel unpack``, rename the dist-info and edit ``Name`` in METADATA, ``wheel pack``;
 * ``floor``: one read + inflate + sha256 pass over every member with the standard library's
-  ``zipfile`` (which also checks each CRC), single-threaded, writing nothing.
+  ``zipfile`` (which also checks each CRC), single-threaded, writing nothing;
+* ``floor_isal``: the same pass with ISA-L's inflater (``isal``, what repack uses when it is
+  installed) and a CRC per member, when ``isal`` is installed;
+* ``repack_zlib``: the repack command with ``RELEASE_INFLATE=zlib`` (the standard library's
+  inflater).
 
 Peak RSS of ``repack`` is also measured on a small synthetic wheel (~2 MiB) to show it does not
 grow with the wheel. The machine is shared, so the load average is recorded before every run
@@ -25,6 +29,7 @@ and the medians are compared.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import platform
@@ -66,10 +71,48 @@ with zipfile.ZipFile(sys.argv[1]) as zf:
 """
 
 
-def measure(cmd: list[str], cwd: Path) -> dict[str, float]:
+_FLOOR_ISAL = r"""
+import hashlib, struct, sys, zipfile, zlib
+from isal import isal_zlib
+with zipfile.ZipFile(sys.argv[1]) as zf, open(sys.argv[1], "rb") as fp:
+    for info in zf.infolist():
+        fp.seek(info.header_offset)
+        name_len, extra_len = struct.unpack("<HH", fp.read(30)[26:30])
+        fp.seek(info.header_offset + 30 + name_len + extra_len)
+        inflater = isal_zlib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+        digest, crc, left = hashlib.sha256(), 0, info.compress_size
+        while left:
+            raw = fp.read(min(left, 1 << 20))
+            left -= len(raw)
+            while raw or inflater is not None:
+                piece = raw if inflater is None else inflater.decompress(raw, 1 << 20)
+                raw = b"" if inflater is None else inflater.unconsumed_tail
+                digest.update(piece)
+                crc = zlib.crc32(piece, crc)
+                if inflater is None or inflater.eof or (not piece and not raw):
+                    break
+        assert crc == info.CRC, info.filename
+"""
+
+
+def isal_version() -> str | None:
+    try:
+        import importlib.metadata
+
+        return importlib.metadata.version("isal")
+    except Exception:
+        return None
+
+
+def measure(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> dict[str, float]:
     """Run ``cmd`` under a fresh measuring parent; return its wall time and peak RSS."""
     out = subprocess.run(
-        [sys.executable, "-c", _MEASURE, *cmd], cwd=cwd, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _MEASURE, *cmd],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=None if env is None else {**os.environ, **env},
     )
     result = json.loads(out.stdout)
     if result["rc"] != 0:
@@ -81,12 +124,14 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def run_repack(src: Path, outdir: Path) -> dict[str, object]:
+def run_repack(src: Path, outdir: Path, inflater: str | None = None) -> dict[str, object]:
+    """The repack command (``inflater``: ``RELEASE_INFLATE`` for it; default: the fastest)."""
     shutil.rmtree(outdir, ignore_errors=True)
     wn = src.name.split("-")
     cmd = [sys.executable, "-m", "release", "repack", str(src), "--name", TARGET_NAME]
     cmd += ["--tag", "-".join(wn[-3:])[: -len(".whl")], "--outdir", str(outdir), "--quiet"]
-    return {"load_before": load(), **measure(cmd, REPO)}
+    env = None if inflater is None else {"RELEASE_INFLATE": inflater}
+    return {"load_before": load(), **measure(cmd, REPO, env)}
 
 
 def run_baseline(src: Path, work: Path) -> dict[str, object]:
@@ -119,8 +164,8 @@ def run_baseline(src: Path, work: Path) -> dict[str, object]:
     }
 
 
-def run_floor(src: Path) -> dict[str, object]:
-    return {"load_before": load(), **measure([sys.executable, "-c", _FLOOR, str(src)], REPO)}
+def run_floor(src: Path, script: str = _FLOOR) -> dict[str, object]:
+    return {"load_before": load(), **measure([sys.executable, "-c", script, str(src)], REPO)}
 
 
 def make_small_wheel(path: Path) -> Path:
@@ -190,7 +235,8 @@ def fingerprint() -> dict[str, object]:
         "wheel": version_of("wheel"),
         "packaging": version_of("packaging"),
         "zlib": zlib.ZLIB_RUNTIME_VERSION,
-        "note": "2 cores shared with other agents: load_before is os.getloadavg() before each run",
+        "isal": isal_version(),
+        "note": "2 cores, possibly shared with other agents: load_before is os.getloadavg() before each run",
     }
 
 
@@ -208,32 +254,43 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.wheel}: no such file; fetch it with: python -m pip download --no-deps "
             "--only-binary :all: transformer-engine-cu12==2.20.2 -d benchmarks/.wheels"
         )
-    runs: dict[str, list[dict[str, object]]] = {"repack": [], "baseline": [], "floor": [], "repack_small": []}
+    methods = ["floor", "repack", "baseline", "repack_small", "repack_zlib"]
+    if isal_version() is not None:
+        methods.append("floor_isal")
+    runs: dict[str, list[dict[str, object]]] = {m: [] for m in methods}
     with tempfile.TemporaryDirectory(prefix="thd-bench-repack-", dir=args.tmpdir) as tmp:
         base = Path(tmp)
         small = make_small_wheel(base / "smallpkg-1.0-py3-none-any.whl")
         for i in range(args.repeat):
             for method, run in (
                 ("floor", lambda: run_floor(args.wheel)),
+                ("floor_isal", lambda: run_floor(args.wheel, _FLOOR_ISAL)),
                 ("repack", lambda: run_repack(args.wheel, base / "ours")),
+                ("repack_zlib", lambda: run_repack(args.wheel, base / "ours_zlib", inflater="zlib")),
                 ("baseline", lambda: run_baseline(args.wheel, base / "baseline")),
                 ("repack_small", lambda: run_repack(small, base / "small")),
             ):
+                if method not in runs:
+                    continue
                 runs[method].append(run())
                 print(f"run {i} {method}: {runs[method][-1]}", file=sys.stderr, flush=True)
         sys.path.insert(0, str(REPO))
         from release.verify import verify_wheel
 
         (out_ours,) = (base / "ours").glob("*.whl")
+        (out_zlib,) = (base / "ours_zlib").glob("*.whl")
         (out_base,) = (base / "baseline" / "out").glob("*.whl")
         verify_wheel(out_ours)
+        if not filecmp.cmp(out_ours, out_zlib, shallow=False):
+            raise SystemExit("repack wrote different bytes with isal's and zlib's inflaters")
         same_name = out_ours.name == out_base.name
         input_info, output_bytes = describe(args.wheel), out_ours.stat().st_size
     median = {m: statistics.median(float(r["wall_s"]) for r in rs) for m, rs in runs.items()}
     median_cpu = {m: statistics.median(float(r["cpu_s"]) for r in rs) for m, rs in runs.items()}
     rss = {m: max(float(r["peak_rss_mb"]) for r in rs) for m, rs in runs.items()}
     speedup = median["baseline"] / median["repack"]
-    of_floor = median["repack"] / median["floor"]
+    fastest_floor = min(median[m] for m in ("floor", "floor_isal") if m in median)
+    of_floor = median["repack"] / fastest_floor
     result = {
         "benchmark": "wheel rename (repack) of the real transformer_engine_cu12 2.20.2 wheel",
         "command": " ".join(
@@ -248,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             "baseline": "python -m wheel unpack; rename the dist-info, edit METADATA Name; "
             "python -m wheel pack",
             "floor": "one read + inflate + sha256 pass over every member (zipfile, one thread, no output)",
+            "floor_isal": "the floor's pass with isal's inflater and a CRC per member (one thread)",
+            "repack_zlib": "the repack command with RELEASE_INFLATE=zlib",
+            "inflater": "repack uses isal's inflater when isal is installed (release/inflate.py)",
             "repack_small": "the repack command on a ~2 MiB synthetic wheel (peak RSS vs wheel size)",
         },
         "runs": runs,
@@ -256,9 +316,14 @@ def main(argv: list[str] | None = None) -> int:
         "peak_rss_mb": rss,
         "speedup_vs_baseline": speedup,
         "repack_over_floor": of_floor,
+        "repack_over_floor_note": "against the faster of floor and floor_isal",
+        "repack_zlib_speedup_vs_baseline": median["baseline"] / median["repack_zlib"],
         "cpu_speedup_vs_baseline": median_cpu["baseline"] / median_cpu["repack"],
         "cpu_repack_over_floor": median_cpu["repack"] / median_cpu["floor"],
         "floor_speedup_vs_baseline": median["baseline"] / median["floor"],
+        "floor_isal_speedup_vs_baseline": (
+            median["baseline"] / median["floor_isal"] if "floor_isal" in median else None
+        ),
         "goals": {
             "speedup_at_least_15x": speedup >= 15,
             "within_2x_of_floor": of_floor <= 2,

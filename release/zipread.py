@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from release.inflate import InflateError, Inflater, inflate, inflater
 from release.ziprecords import (
     CENTRAL,
     DEFLATED,
@@ -152,7 +153,7 @@ class DataCheck:
     def __init__(self, entry: ZipEntry) -> None:
         self.entry = entry
         self.size = 0
-        self._inflater = zlib.decompressobj(-15) if entry.method == DEFLATED else None
+        self._inflater = inflater() if entry.method == DEFLATED else None
 
     def inflate(self, raw: bytes) -> Iterator[bytes]:
         """The data in ``raw`` (the next compressed chunk), in pieces of at most :data:`CHUNK`."""
@@ -160,20 +161,16 @@ class DataCheck:
         try:
             if inflater is not None and inflater.eof:
                 raise ZipFormatError("bad-zip", name, "expected no data after the deflate stream")
-            for piece in (raw,) if inflater is None else _inflate(inflater, raw):
+            for piece in (raw,) if inflater is None else inflate(inflater, raw, CHUNK):
                 self.size += len(piece)
                 if self.size > self.entry.usize:
                     raise ZipFormatError(
                         "bad-zip", name, f"expected {self.entry.usize} bytes, the data holds more"
                     )
                 yield piece
-            if inflater is not None and inflater.unused_data:
-                raise ZipFormatError(
-                    "bad-zip",
-                    name,
-                    f"expected no data after the deflate stream, got {len(inflater.unused_data)} bytes",
-                )
-        except zlib.error as exc:
+            if inflater is not None:
+                _check_consumed(name, inflater)
+        except InflateError as exc:
             raise ZipFormatError("bad-zip", name, f"expected deflate data, got {exc}") from None
 
     def end(self, crc: int) -> None:
@@ -189,10 +186,15 @@ class DataCheck:
             raise ZipFormatError("bad-zip", name, f"expected CRC {self.entry.crc:08x}, got {crc:08x}")
 
 
-def _inflate(inflater: zlib._Decompress, raw: bytes) -> Iterator[bytes]:
-    yield inflater.decompress(raw, CHUNK)
-    while inflater.unconsumed_tail:
-        yield inflater.decompress(inflater.unconsumed_tail, CHUNK)
+def _check_consumed(name: str, engine: Inflater) -> None:
+    """After a chunk: every compressed byte belongs to the stream."""
+    extra = len(engine.unused_data) + (len(engine.unconsumed_tail) if engine.eof else 0)
+    if extra:
+        raise ZipFormatError("bad-zip", name, f"expected no data after the deflate stream, got {extra} bytes")
+    if engine.unconsumed_tail:
+        raise ZipFormatError(
+            "bad-zip", name, "expected deflate data, the inflater stops short of the chunk's end"
+        )
 
 
 def _reader(fd: int, size: int) -> ReadAt:
