@@ -19,7 +19,6 @@ import hashlib
 import os
 import re
 import stat
-import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +31,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from release.errors import Issue, WheelVerificationError
+from release.inflate import crc32
 from release.metadata import get_all, get_first
 from release.record import STRONG_ALGORITHMS, Hash, RecordEntry, RecordParseError, parse_record
 from release.safety import Limits, check_path
@@ -463,7 +463,8 @@ class WheelChecker:
 
 
 class _Pipeline:
-    """Run ``fn`` on each piece, in order, in one helper thread (at most a few pieces queued)."""
+    """Run ``fn`` (or :meth:`submit`'s) on each piece, in order, in one helper thread (at most a
+    few pieces queued); its exceptions are raised in the caller's thread."""
 
     def __init__(self, fn: Sink, threaded: bool) -> None:
         self._fn = fn
@@ -471,10 +472,14 @@ class _Pipeline:
         self._queued: deque[Future[None]] = deque()
 
     def __call__(self, piece: bytes) -> None:
+        self.submit(self._fn, piece)
+
+    def submit(self, fn: Sink, piece: bytes) -> None:
+        """``fn(piece)`` after everything queued before it."""
         if self._pool is None:
-            self._fn(piece)
+            fn(piece)
             return
-        self._queued.append(self._pool.submit(self._fn, piece))
+        self._queued.append(self._pool.submit(fn, piece))
         if len(self._queued) > _PIPELINE_DEPTH:
             self._queued.popleft().result()
 
@@ -494,7 +499,8 @@ def _hash_member(
     """``((code, member, detail) or None, sha256)``: the member's checked data against RECORD.
 
     One read of the compressed bytes (each chunk also handed to ``sink``), one inflate, one hash;
-    CRC and hashes of a large member are computed in a helper thread while the next chunk inflates.
+    for a large member the CRC, the hashes and ``sink`` run in a helper thread (in order) while
+    the next chunk inflates.
     """
     digest = hashlib.new(expected.name)
     sha = digest if expected.name == "sha256" else hashlib.sha256()
@@ -503,7 +509,7 @@ def _hash_member(
 
     def update(piece: bytes) -> None:
         nonlocal crc
-        crc = zlib.crc32(piece, crc)
+        crc = crc32(piece, crc)
         digest.update(piece)
         if sha is not digest:
             sha.update(piece)
@@ -512,7 +518,7 @@ def _hash_member(
         with _Pipeline(update, threaded=entry.usize >= _PIPELINE_MIN) as feed:
             for raw in archive.iter_raw(entry):
                 if sink is not None:
-                    sink(raw)
+                    feed.submit(sink, raw)
                 for piece in check.inflate(raw):
                     feed(piece)
         check.end(crc)

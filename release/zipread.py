@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import os
 import stat
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from release.inflate import InflateError, Inflater, inflate, inflater
+from release.inflate import InflateError, Inflater, crc32, inflate, inflater
 from release.ziprecords import (
     CENTRAL,
     DEFLATED,
@@ -132,7 +131,7 @@ class ZipArchive:
         crc = 0
         for raw in self.iter_raw(entry):
             for piece in check.inflate(raw):
-                crc = zlib.crc32(piece, crc)
+                crc = crc32(piece, crc)
                 yield piece
         check.end(crc)
 

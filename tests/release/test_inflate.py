@@ -102,3 +102,12 @@ def test_the_default_is_the_fastest_and_a_bad_name_is_refused(monkeypatch: pytes
     monkeypatch.setenv("RELEASE_INFLATE", "no-such-inflater")
     with pytest.raises(ReleaseError, match=r"RELEASE_INFLATE: expected one of .*'no-such-inflater'"):
         inflate.backend()
+
+
+def test_crc32_is_zlibs() -> None:
+    rng = random.Random(1)
+    running = expected = 0
+    for size in (0, 1, 3, 64, 1000, 1 << 16):
+        data = bytes(rng.randrange(256) for _ in range(size))
+        running, expected = inflate.crc32(data, running), zlib.crc32(data, expected)
+        assert running == expected, size
