@@ -25,6 +25,7 @@ end; output rows are stored with a row mask. Visibility and tile ranges follow `
 
 from __future__ import annotations
 
+from thd.ops.attention.geometry import padding_span, sequence_pair, visible
 from thd.ops.attention.gluon.compat import (
     cta_barrier,
     fence_async_shared,
@@ -36,7 +37,7 @@ from thd.ops.attention.gluon.compat import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from thd.ops.attention.gluon.tiles import key_tiles, visible
+from thd.ops.attention.gluon.tiles import key_tiles
 
 __all__ = ["attention_fwd_kernel"]
 
@@ -45,30 +46,6 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 # ----------------------------------------------------------------------------- sequence geometry
-
-
-@gluon.jit
-def _span(cu_ptr, cup_ptr, b, num_rows):
-    """(first row, real length) of sequence ``b``, clamped to the rows ``[0, num_rows)``."""
-    lo = gl.load(cu_ptr + b).to(gl.int64)
-    hi = gl.load(cu_ptr + b + 1).to(gl.int64)
-    start = gl.minimum(gl.maximum(gl.load(cup_ptr + b).to(gl.int64), 0), num_rows)
-    length = gl.minimum(gl.maximum(hi - lo, 0), num_rows - start)
-    return start, length.to(gl.int32)
-
-
-@gluon.jit
-def _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows):
-    """Padding rows ``[lo, hi)`` of slot ``b`` (clamped); ``b == num_seqs`` is the tail."""
-    if b < num_seqs:
-        start, length = _span(cu_ptr, cup_ptr, b, num_rows)
-        lo = start + length
-        hi = gl.load(cup_ptr + b + 1).to(gl.int64)
-        hi = gl.minimum(gl.maximum(hi, lo), num_rows)
-    else:
-        lo = gl.minimum(gl.maximum(gl.load(cup_ptr + b).to(gl.int64), 0), num_rows)
-        hi = num_rows.to(gl.int64)
-    return lo, hi
 
 
 @gluon.jit
@@ -92,7 +69,9 @@ def _fill_padding(
         chunk = job % CHUNKS
         head = (job // CHUNKS) % num_heads
         b = job // (CHUNKS * num_heads)
-        lo, hi = _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows)
+        lo, hi = padding_span(
+            cu_ptr=cu_ptr, cup_ptr=cup_ptr, b=b, num_seqs=num_seqs, num_rows=num_rows, WIDE=True
+        )
         out_head = out_ptr + head * stride_oh
         lse_head = lse_ptr + head * stride_lse_h
         for row0 in range(lo + chunk * BLOCK_R, hi, CHUNKS * BLOCK_R):
@@ -116,16 +95,28 @@ def _work_item(
     head = w - item * num_heads
     b = gl.load(seq_ptr + item)
     m_block = gl.load(blk_ptr + item)
-    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
-    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
-    if HAS_POSITIONS:  # noqa: SIM108 -- a constexpr branch
-        offset = gl.load(pos_q_ptr + b) - gl.load(pos_k_ptr + b)
-    else:
-        offset = seqlen_k - seqlen_q
-    return head, m_block, q_start, seqlen_q, k_start, seqlen_k, offset - window_left, offset + window_right
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
+        cu_q_ptr=cu_q_ptr, cup_q_ptr=cup_q_ptr, cu_k_ptr=cu_k_ptr, cup_k_ptr=cup_k_ptr, pos_q_ptr=pos_q_ptr,
+        pos_k_ptr=pos_k_ptr, b=b, rows_q=rows_q, rows_k=rows_k, window_left=window_left,
+        window_right=window_right, HAS_POSITIONS=HAS_POSITIONS, WIDE=True,
+    )  # fmt: skip
+    return head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi
 
 
 # ----------------------------------------------------------------------------- producer
+
+
+@gluon.jit
+def _head_rows(ptr, start, stride_t, head, stride_h, num_rows, BLOCK_R: gl.constexpr, WIDTH: gl.constexpr):
+    """A TMA descriptor over head ``head``'s ``num_rows`` rows from row ``start`` of a ``[T, H, WIDTH]``
+    tensor, read in ``[BLOCK_R, WIDTH]`` tiles: rows past them load as zeros and are never read."""
+    return tma.make_tensor_descriptor(
+        ptr + start * stride_t + head * stride_h,
+        shape=[gl.maximum(num_rows, 1), WIDTH],
+        strides=[stride_t, 1],
+        block_shape=[BLOCK_R, WIDTH],
+        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_R, WIDTH], ptr.dtype.element_ty),
+    )
 
 
 @gluon.jit
@@ -138,28 +129,18 @@ def _load_item(
 ):  # fmt: skip
     """One work item's copies: descriptors bounded by the sequence's real rows (rows past them read
     as zeros), Q into ``q_buf``, then the K and V tiles ``[a, end)`` into the ring."""
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc = tma.make_tensor_descriptor(
-        q_ptr + q_start * stride_qt + head * stride_qh,
-        shape=[gl.maximum(seqlen_q, 1), HEAD_DIM],
-        strides=[stride_qt, 1],
-        block_shape=[BLOCK_M, HEAD_DIM],
-        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype),
-    )
-    k_desc = tma.make_tensor_descriptor(
-        k_ptr + k_start * stride_kt + kv_head * stride_kh,
-        shape=[gl.maximum(seqlen_k, 1), HEAD_DIM],
-        strides=[stride_kt, 1],
-        block_shape=[BLOCK_N, HEAD_DIM],
-        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype),
-    )
-    v_desc = tma.make_tensor_descriptor(
-        v_ptr + k_start * stride_vt + kv_head * stride_vh,
-        shape=[gl.maximum(seqlen_k, 1), HEAD_DIM_V],
-        strides=[stride_vt, 1],
-        block_shape=[BLOCK_N, HEAD_DIM_V],
-        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM_V], dtype),
-    )
+    q_desc = _head_rows(
+        ptr=q_ptr, start=q_start, stride_t=stride_qt, head=head, stride_h=stride_qh, num_rows=seqlen_q,
+        BLOCK_R=BLOCK_M, WIDTH=HEAD_DIM,
+    )  # fmt: skip
+    k_desc = _head_rows(
+        ptr=k_ptr, start=k_start, stride_t=stride_kt, head=kv_head, stride_h=stride_kh, num_rows=seqlen_k,
+        BLOCK_R=BLOCK_N, WIDTH=HEAD_DIM,
+    )  # fmt: skip
+    v_desc = _head_rows(
+        ptr=v_ptr, start=k_start, stride_t=stride_vt, head=kv_head, stride_h=stride_vh, num_rows=seqlen_k,
+        BLOCK_R=BLOCK_N, WIDTH=HEAD_DIM_V,
+    )  # fmt: skip
     mbarrier.expect(q_full, q_desc.block_type.nbytes)
     tma_load(q_desc, [m_block * BLOCK_M, 0], q_full, q_buf)
     for kn in range(a, end, BLOCK_N):
