@@ -3,7 +3,7 @@ a tile of rows sees under the visibility band, which of them need a mask, and th
 over one sequence's rows.
 
 Visibility: query ``i`` sees key ``j`` iff ``j - i`` lies in ``[d_lo, d_hi]``, a side bounded only
-with ``HAS_LEFT`` / ``HAS_RIGHT`` (the ``tl`` kernels' rule, ``kernels._tile_ranges``).
+with ``HAS_LEFT`` / ``HAS_RIGHT`` (``geometry.tile_ranges``, shared with the ``tl`` kernels).
 """
 
 from __future__ import annotations
