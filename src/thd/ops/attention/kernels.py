@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from thd.ops.attention.geometry import padding_span, sequence_pair, span, tile_ranges, visible
+from thd.ops.attention.softmax_terms import fold_sink, store_delta
 
 __all__ = [
     "_attention_bwd_dkdv_kernel",
@@ -454,12 +455,7 @@ def _attention_fwd_kernel(
                 WARP_SPEC=WARP_SPEC,
             )
         if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
-            sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
-            m_new = tl.maximum(m_i, sink)
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key and a -inf sink: adds 0
-            alpha = tl.exp2(m_i - m_ref)
-            l_i = l_i * alpha + tl.exp2(sink - m_ref)
-            m_i = m_new
+            m_i, l_i, alpha = fold_sink(m_i=m_i, l_i=l_i, sinks_ptr=sinks_ptr, head=head)
         has_keys = l_i != 0.0  # NaN rows stay NaN
         l_safe = tl.where(has_keys, l_i, 1.0)
         if HAS_SINKS:  # noqa: SIM108 -- acc's rescale folded into the normalisation: one pass over acc
@@ -506,9 +502,16 @@ def _attention_bwd_preprocess_kernel(
         rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
         o = _load_rows(o_base, rows, offs_dv, stride_ot, seqlen_q, HEAD_DIM_V, BLOCK_DV, True)
         do = _load_rows(do_base, rows, offs_dv, stride_dot, seqlen_q, HEAD_DIM_V, BLOCK_DV, True)
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-        at = head * stride_lse_h + q_start + rows
-        tl.store(delta_ptr + at, delta, mask=rows < seqlen_q)
+        delta, at = store_delta(
+            o=o,
+            do=do,
+            rows=rows,
+            seqlen_q=seqlen_q,
+            q_start=q_start,
+            head=head,
+            stride_lse_h=stride_lse_h,
+            delta_ptr=delta_ptr,
+        )
         if HAS_SINKS:
             lse = tl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
             lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row without any term: p = 0

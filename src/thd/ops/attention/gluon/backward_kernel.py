@@ -44,6 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from thd.ops.attention.geometry import padding_span, sequence_pair, span, visible
 from thd.ops.attention.gluon.compat import cta_barrier, tma_load
 from thd.ops.attention.gluon.tiles import key_tiles, query_tiles, row_descriptor
+from thd.ops.attention.softmax_terms import store_delta
 
 __all__ = ["_dkdv_kernel", "_dq_kernel", "_preprocess_kernel"]
 
@@ -57,17 +58,9 @@ _SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element
 
 @gluon.jit
 def _zero_padding(
-    base_ptr,
-    stride_t,
-    cu_ptr,
-    cup_ptr,
-    b,
-    num_seqs,
-    num_rows,
-    WIDTH: gl.constexpr,
-    BLOCK_R: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
-):
+    base_ptr, stride_t, cu_ptr, cup_ptr, b, num_seqs, num_rows,
+    WIDTH: gl.constexpr, BLOCK_R: gl.constexpr, NUM_WARPS: gl.constexpr,
+):  # fmt: skip
     """Zero this program's share of the padding rows of slot ``b`` (grid axis 0 splits them)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     lo, hi = padding_span(cu_ptr=cu_ptr, cup_ptr=cup_ptr, b=b, num_seqs=num_seqs, num_rows=num_rows)
@@ -104,25 +97,10 @@ def _barriers(NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
 
 @gluon.jit
 def _preprocess_kernel(
-    out_ptr,
-    do_ptr,
-    delta_ptr,
-    lse_ptr,
-    sinks_ptr,
-    dsink_rows_ptr,
-    cu_q_ptr,
-    cup_q_ptr,
-    rows_q,
-    stride_ot,
-    stride_oh,
-    stride_dot,
-    stride_doh,
-    stride_lse_h,
-    HEAD_DIM_V: gl.constexpr,
-    HAS_SINKS: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
-):
+    out_ptr, do_ptr, delta_ptr, lse_ptr, sinks_ptr, dsink_rows_ptr, cu_q_ptr, cup_q_ptr, rows_q,
+    stride_ot, stride_oh, stride_dot, stride_doh, stride_lse_h,
+    HEAD_DIM_V: gl.constexpr, HAS_SINKS: gl.constexpr, BLOCK_M: gl.constexpr, NUM_WARPS: gl.constexpr,
+):  # fmt: skip
     """``delta = rowsum(out * dout)`` per real row; with sinks also ``-exp(sink - lse) * delta``."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     head = gl.program_id(1)
@@ -138,9 +116,10 @@ def _preprocess_kernel(
         mask = (rows2 < seqlen_q) & (offs_d < HEAD_DIM_V)
         o = gl.load(o_base + rows2 * stride_ot + offs_d, mask=mask, other=0.0)
         do = gl.load(do_base + rows2 * stride_dot + offs_d, mask=mask, other=0.0)
-        delta = gl.sum(o.to(gl.float32) * do.to(gl.float32), 1)
-        at = head * stride_lse_h + q_start + rows
-        gl.store(delta_ptr + at, delta, mask=rows < seqlen_q)
+        delta, at = store_delta(
+            o=o, do=do, rows=rows, seqlen_q=seqlen_q, q_start=q_start, head=head, stride_lse_h=stride_lse_h,
+            delta_ptr=delta_ptr,
+        )  # fmt: skip
         if HAS_SINKS:
             lse = gl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
             lse = gl.where(lse == float("-inf"), float("inf"), lse)  # a row without any term: p = 0

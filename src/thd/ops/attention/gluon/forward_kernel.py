@@ -38,6 +38,7 @@ from thd.ops.attention.gluon.compat import (
     warpgroup_mma_wait,
 )
 from thd.ops.attention.gluon.tiles import key_tiles
+from thd.ops.attention.softmax_terms import fold_sink
 
 __all__ = ["attention_fwd_kernel"]
 
@@ -86,11 +87,12 @@ def _fill_padding(
 @gluon.jit
 def _work_item(
     w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-    rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
+    rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
-    """Work item ``w`` (heads innermost): its head, query tile, the sequence's query and key spans
-    and its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
-    placed by the positions)."""
+    """Work item ``w`` (heads innermost): its head, query tile, the sequence's query and key spans,
+    its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
+    placed by the positions) and the query tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
     item = w // num_heads
     head = w - item * num_heads
     b = gl.load(seq_ptr + item)
@@ -100,7 +102,11 @@ def _work_item(
         pos_k_ptr=pos_k_ptr, b=b, rows_q=rows_q, rows_k=rows_k, window_left=window_left,
         window_right=window_right, HAS_POSITIONS=HAS_POSITIONS, WIDE=True,
     )  # fmt: skip
-    return head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi
+    a, b, c, end = key_tiles(
+        m0=m_block * BLOCK_M, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d_lo=d_lo, d_hi=d_hi,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+    )  # fmt: skip
+    return head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi, a, b, c, end
 
 
 # ----------------------------------------------------------------------------- producer
@@ -168,21 +174,17 @@ def _producer(
         seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
         rows_q, rows_k, window_left, window_right,
     ) = args  # fmt: skip
+    it = 0
+    t = 0
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
-    it = 0
-    t = 0
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
-        head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _work_item(
+        head, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
             w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-            rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
-        )  # fmt: skip
-        a, _, _, end = key_tiles(
-            m0=m_block * BLOCK_M, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d_lo=d_lo, d_hi=d_hi,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
         qi = t & 1
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
@@ -312,13 +314,9 @@ def _consumer(
     t = 0
     k = 0
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
-        head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi = _work_item(
+        head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
             w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-            rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
-        )  # fmt: skip
-        a, b_full, c_full, end = key_tiles(
-            m0=m_block * BLOCK_M, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d_lo=d_lo, d_hi=d_hi,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
         out_base = out_ptr + head * stride_oh + q_start * stride_ot
         lse_base = lse_ptr + head * stride_lse_h + q_start
@@ -392,12 +390,7 @@ def _consumer(
         _release(q_bars.index(2 + qi))
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
         if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
-            sink = gl.load(sinks_ptr + head).to(gl.float32) * LOG2E
-            m_new = gl.maximum(m_i, sink)
-            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no key and a -inf sink: adds 0
-            alpha = gl.exp2(m_i - m_ref)
-            l_i = l_i * alpha + gl.exp2(sink - m_ref)
-            m_i = m_new
+            m_i, l_i, alpha = fold_sink(m_i=m_i, l_i=l_i, sinks_ptr=sinks_ptr, head=head)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
         has_keys = l_i != 0.0  # NaN rows stay NaN
         l_safe = gl.where(has_keys, l_i, 1.0)
