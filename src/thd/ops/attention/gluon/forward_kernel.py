@@ -126,15 +126,20 @@ def _head_rows(ptr, start, stride_t, head, stride_h, num_rows, BLOCK_R: gl.const
 
 
 @gluon.jit
-def _load_item(
-    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    head, kv_head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
-    q_buf, q_full, k_smem, v_smem, k_full, v_full, kv_empty, it,
-    HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr,
-):  # fmt: skip
+def _load_item(item, kv_head, q_buf, q_full, ring, it):
     """One work item's copies: descriptors bounded by the sequence's real rows (rows past them read
-    as zeros), Q into ``q_buf``, then the K and V tiles ``[a, end)`` into the ring."""
+    as zeros), Q into ``q_buf``, then the K and V tiles ``[a, end)`` into the ``ring`` of stages.
+    Tile shapes come from the shared-memory buffers."""
+    (
+        q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
+    ) = item  # fmt: skip
+    k_smem, v_smem, k_full, v_full, kv_empty = ring
+    BLOCK_M: gl.constexpr = q_buf.shape[0]
+    HEAD_DIM: gl.constexpr = q_buf.shape[1]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
     q_desc = _head_rows(
         ptr=q_ptr, start=q_start, stride_t=stride_qt, head=head, stride_h=stride_qh, num_rows=seqlen_q,
         BLOCK_R=BLOCK_M, WIDTH=HEAD_DIM,
@@ -174,13 +179,11 @@ def _producer(
         seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
         rows_q, rows_k, window_left, window_right,
     ) = args  # fmt: skip
+    ring = (k_smem, v_smem, k_full, v_full, kv_empty)
     it = 0
     t = 0
     BLOCK_M: gl.constexpr = q_smem.shape[1]
-    HEAD_DIM: gl.constexpr = q_smem.shape[2]
-    STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
         head, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
             w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
@@ -188,20 +191,14 @@ def _producer(
         )  # fmt: skip
         qi = t & 1
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
+        item = (
+            q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+            head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
+        )  # fmt: skip
         if qi == 0:  # two call sites: two descriptor sets in the global scratch
-            it = _load_item(
-                q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                head, head // GROUP, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
-                q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_full, v_full, kv_empty, it,
-                HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-            )  # fmt: skip
+            it = _load_item(item, head // GROUP, q_smem.index(0), q_bars.index(0), ring, it)
         else:
-            it = _load_item(
-                q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                head, head // GROUP, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
-                q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_full, v_full, kv_empty, it,
-                HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-            )  # fmt: skip
+            it = _load_item(item, head // GROUP, q_smem.index(1), q_bars.index(1), ring, it)
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
 
 
