@@ -503,15 +503,9 @@ def _attention_bwd_preprocess_kernel(
         o = _load_rows(o_base, rows, offs_dv, stride_ot, seqlen_q, HEAD_DIM_V, BLOCK_DV, True)
         do = _load_rows(do_base, rows, offs_dv, stride_dot, seqlen_q, HEAD_DIM_V, BLOCK_DV, True)
         delta, at = store_delta(
-            o=o,
-            do=do,
-            rows=rows,
-            seqlen_q=seqlen_q,
-            q_start=q_start,
-            head=head,
-            stride_lse_h=stride_lse_h,
+            o=o, do=do, rows=rows, seqlen_q=seqlen_q, q_start=q_start, head=head, stride_lse_h=stride_lse_h,
             delta_ptr=delta_ptr,
-        )
+        )  # fmt: skip
         if HAS_SINKS:
             lse = tl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
             lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row without any term: p = 0
