@@ -117,8 +117,8 @@ def _preprocess_kernel(
         o = gl.load(o_base + rows2 * stride_ot + offs_d, mask=mask, other=0.0)
         do = gl.load(do_base + rows2 * stride_dot + offs_d, mask=mask, other=0.0)
         delta, at = store_delta(
-            o=o, do=do, rows=rows, seqlen_q=seqlen_q, q_start=q_start, head=head, stride_lse_h=stride_lse_h,
-            delta_ptr=delta_ptr,
+            o=o, do=do, rows=rows, seqlen_q=seqlen_q, q_start=q_start, head=head,
+            stride_lse_h=stride_lse_h, delta_ptr=delta_ptr,
         )  # fmt: skip
         if HAS_SINKS:
             lse = gl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
