@@ -12,7 +12,7 @@ one block when ``max_seqlen`` bounds the real lengths, more when it does not, so
 underestimated ``max_seqlen`` costs time, never correctness.
 
 Memory safety: every row range read from ``cu_seqlens`` is clamped to the tensor's rows on
-the device (:func:`_span`), so an invalid layout on the unvalidated path gives garbage in
+the device (``geometry.span``), so an invalid layout on the unvalidated path gives garbage in
 the outputs but never a read or write outside q, k, v, out, lse or the gradients.
 
 Tile loads: with ``TMA`` the inner loops read their tiles through device-side tensor
@@ -25,7 +25,7 @@ Visibility: query ``i`` of a sequence sees key ``j`` iff ``j - i`` lies in
 ``[off - left, off + right]`` with ``off = Lk - Lq`` (bottom-right alignment), or
 ``off = pos_q[b] - pos_k[b]`` with ``HAS_POSITIONS`` (the ring's chunks of a longer sequence). ``causal`` is
 ``right = 0``; ``HAS_LEFT`` / ``HAS_RIGHT`` say whether a side is bounded. The key loop of a
-tile runs in three stages (:func:`_tile_ranges`): masked tiles on the left edge, tiles every
+tile runs in three stages (``geometry.tile_ranges``): masked tiles on the left edge, tiles every
 row sees in full (no mask), masked tiles on the right edge (the causal diagonal and the end).
 
 Variants: ``SOFTCAP`` scores are ``softcap * tanh(s / softcap)``; ``HAS_SINKS`` adds
@@ -43,6 +43,9 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from thd.ops.attention.geometry import padding_span, sequence_pair, span, tile_ranges, visible
+from thd.ops.attention.softmax_terms import fold_sink, store_delta
 
 __all__ = [
     "_attention_bwd_dkdv_kernel",
@@ -81,16 +84,6 @@ def _tanh(x):
 
 
 @triton.jit
-def _span(cu_ptr, cup_ptr, b, num_rows):
-    """(first row, real length) of sequence ``b``, clamped to the rows ``[0, num_rows)``."""
-    lo = tl.load(cu_ptr + b).to(tl.int64)
-    hi = tl.load(cu_ptr + b + 1).to(tl.int64)
-    start = tl.minimum(tl.maximum(tl.load(cup_ptr + b).to(tl.int64), 0), num_rows)
-    length = tl.minimum(tl.maximum(hi - lo, 0), num_rows - start)
-    return start.to(tl.int32), length.to(tl.int32)
-
-
-@triton.jit
 def _program():
     """This program's ``(head, sequence b, number of sequences B)`` from grid axes 1 and 2 (the
     kernels' shared prologue; ``b == B`` is the program of the tail rows)."""
@@ -101,20 +94,6 @@ def _program():
 def _rows_at(base_ptr, start, stride_t, head, stride_h):
     """Pointer to row ``start`` (int64 offset) of head ``head`` of a ``[T, H, D]`` tensor."""
     return base_ptr + start.to(tl.int64) * stride_t + head * stride_h
-
-
-@triton.jit
-def _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows):
-    """Padding rows ``[lo, hi)`` of slot ``b`` (clamped to the tensor); ``b == num_seqs`` is the tail."""
-    if b < num_seqs:
-        start, length = _span(cu_ptr, cup_ptr, b, num_rows)
-        lo = start + length
-        hi = tl.load(cup_ptr + b + 1).to(tl.int64)
-        hi = tl.minimum(tl.maximum(hi, lo), num_rows).to(tl.int32)
-    else:
-        lo = tl.minimum(tl.maximum(tl.load(cup_ptr + b).to(tl.int64), 0), num_rows).to(tl.int32)
-        hi = num_rows
-    return lo, hi
 
 
 @triton.jit
@@ -149,7 +128,7 @@ def _fill_padding(
     BLOCK_R: tl.constexpr,
 ):
     """This program's share of the padding rows of slot ``b`` (grid axis 0 splits them)."""
-    lo, hi = _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows)
+    lo, hi = padding_span(cu_ptr=cu_ptr, cup_ptr=cup_ptr, b=b, num_seqs=num_seqs, num_rows=num_rows)
     first = tl.num_programs(0) - 1 - tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_R
     _fill_rows(base_ptr, stride_t, lo + first * BLOCK_R, hi, step, value, WIDTH, BLOCK_W, BLOCK_R)
@@ -223,86 +202,14 @@ def _store_rows(base, rows, cols, stride_t, limit, value, WIDTH: tl.constexpr):
 
 
 @triton.jit
-def _tile_ranges(
-    t0, t_last, d_lo, d_hi, partners, BLOCK: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr
-):
-    """Partner tiles of own indices ``[t0, t_last]`` where partner ``p`` is visible from ``t`` iff
-    ``p - t`` lies in ``[d_lo, d_hi]`` (a side unbounded unless ``HAS_LO`` / ``HAS_HI``) and
-    ``0 <= p < partners``. Returns ``(a, b, c, end)``: ``[a, b)`` and ``[c, end)`` need a mask,
-    ``[b, c)`` is seen in full by every own index; all but ``end`` are multiples of ``BLOCK``."""
-    lo = 0
-    full_lo = 0
-    end = partners
-    full_hi = partners
-    if HAS_LO:
-        lo = tl.maximum(t0 + d_lo, 0)
-        full_lo = tl.maximum(t_last + d_lo, 0)
-    if HAS_HI:
-        end = tl.maximum(tl.minimum(t_last + d_hi + 1, partners), 0)
-        full_hi = tl.maximum(tl.minimum(t0 + d_hi + 1, partners), 0)
-    a = (lo // BLOCK) * BLOCK
-    b = tl.cdiv(full_lo, BLOCK) * BLOCK
-    c = (full_hi // BLOCK) * BLOCK
-    if c <= b:  # no tile is seen in full: one masked stage
-        b = a
-        c = a
-    end = tl.maximum(end, c)
-    return a, b, c, end
-
-
-@triton.jit
 def _stage_bounds(STAGE: tl.constexpr, a, b, c, end):
-    """Tile range of one stage of :func:`_tile_ranges`' split: ``[a, b)``, ``[b, c)`` or ``[c, end)``."""
+    """Tile range of one stage of :func:`tile_ranges`' split: ``[a, b)``, ``[b, c)`` or ``[c, end)``."""
     if STAGE == 0:
         return a, b
     elif STAGE == 1:
         return b, c
     else:
         return c, end
-
-
-@triton.jit
-def _visible(r, c, num_keys, d_lo, d_hi, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
-    """Mask of visible (query ``r``, key ``c``) pairs, ``r`` and ``c`` broadcast against each other:
-    ``c < num_keys`` and ``c - r`` within the bounded sides of ``[d_lo, d_hi]``."""
-    seen = c < num_keys
-    if HAS_LO:
-        seen = seen & (c - r >= d_lo)
-    if HAS_HI:
-        seen = seen & (c - r <= d_hi)
-    return seen
-
-
-@triton.jit
-def _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS: tl.constexpr):
-    """Key index minus query index of the pairs at equal positions: ``Lk - Lq`` (bottom-right
-    alignment), or ``pos_q[b] - pos_k[b]`` when the rows' first positions are given."""
-    if HAS_POSITIONS:
-        return tl.load(pos_q_ptr + b) - tl.load(pos_k_ptr + b)
-    return seqlen_k - seqlen_q
-
-
-@triton.jit
-def _sequence_pair(
-    cu_q_ptr,
-    cup_q_ptr,
-    cu_k_ptr,
-    cup_k_ptr,
-    pos_q_ptr,
-    pos_k_ptr,
-    b,
-    rows_q,
-    rows_k,
-    window_left,
-    window_right,
-    HAS_POSITIONS: tl.constexpr,
-):
-    """Sequence ``b``'s query and key spans (clamped) and its visible band ``[d_lo, d_hi]`` of
-    ``key index - query index``."""
-    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
-    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
-    offset = _diagonal(seqlen_q, seqlen_k, pos_q_ptr, pos_k_ptr, b, HAS_POSITIONS)
-    return q_start, seqlen_q, k_start, seqlen_k, offset - window_left, offset + window_right
 
 
 @triton.jit
@@ -367,7 +274,7 @@ def _fwd_tiles(
             scale = 1.0
         if MASKED:
             s = tl.where(
-                _visible(rows[:, None], cols[None, :], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT),
+                visible(rows[:, None], cols[None, :], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT),
                 s,
                 float("-inf"),
             )
@@ -462,7 +369,7 @@ def _attention_fwd_kernel(
         )
     if b == num_seqs:
         return
-    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
         cu_q_ptr=cu_q_ptr,
         cup_q_ptr=cup_q_ptr,
         cu_k_ptr=cu_k_ptr,
@@ -504,7 +411,7 @@ def _attention_fwd_kernel(
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         last = tl.minimum(m_block * BLOCK_M + BLOCK_M, seqlen_q) - 1
-        a, b_, c, end = _tile_ranges(
+        a, b_, c, end = tile_ranges(
             t0=m_block * BLOCK_M,
             t_last=last,
             d_lo=d_lo,
@@ -548,12 +455,7 @@ def _attention_fwd_kernel(
                 WARP_SPEC=WARP_SPEC,
             )
         if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
-            sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
-            m_new = tl.maximum(m_i, sink)
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key and a -inf sink: adds 0
-            alpha = tl.exp2(m_i - m_ref)
-            l_i = l_i * alpha + tl.exp2(sink - m_ref)
-            m_i = m_new
+            m_i, l_i, alpha = fold_sink(m_i=m_i, l_i=l_i, sinks_ptr=sinks_ptr, head=head)
         has_keys = l_i != 0.0  # NaN rows stay NaN
         l_safe = tl.where(has_keys, l_i, 1.0)
         if HAS_SINKS:  # noqa: SIM108 -- acc's rescale folded into the normalisation: one pass over acc
@@ -592,7 +494,7 @@ def _attention_bwd_preprocess_kernel(
     """``delta = rowsum(out * dout)`` per real row; with sinks also ``-exp(sink - lse) * delta``."""
     head = tl.program_id(1)
     b = tl.program_id(2)
-    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
+    q_start, seqlen_q = span(cu_ptr=cu_q_ptr, cup_ptr=cup_q_ptr, b=b, num_rows=rows_q)
     o_base = _rows_at(out_ptr, q_start, stride_ot, head, stride_oh)
     do_base = _rows_at(do_ptr, q_start, stride_dot, head, stride_doh)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -600,9 +502,10 @@ def _attention_bwd_preprocess_kernel(
         rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
         o = _load_rows(o_base, rows, offs_dv, stride_ot, seqlen_q, HEAD_DIM_V, BLOCK_DV, True)
         do = _load_rows(do_base, rows, offs_dv, stride_dot, seqlen_q, HEAD_DIM_V, BLOCK_DV, True)
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-        at = head * stride_lse_h + q_start + rows
-        tl.store(delta_ptr + at, delta, mask=rows < seqlen_q)
+        delta, at = store_delta(
+            o=o, do=do, rows=rows, seqlen_q=seqlen_q, q_start=q_start, head=head, stride_lse_h=stride_lse_h,
+            delta_ptr=delta_ptr,
+        )  # fmt: skip
         if HAS_SINKS:
             lse = tl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
             lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row without any term: p = 0
@@ -681,7 +584,7 @@ def _bwd_kv_tiles(
         p_t = tl.exp2(s_t - lse[None, :])
         if MASKED:
             p_t = tl.where(
-                _visible(rows[None, :], cols[:, None], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p_t, 0.0
+                visible(rows[None, :], cols[:, None], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p_t, 0.0
             )
         dv = _dot_acc(p_t.to(do.dtype), do, dv, UPCAST)
         dp_t = _dot(v, tl.trans(do), UPCAST)  # [BLOCK_N, BLOCK_M]
@@ -787,7 +690,7 @@ def _attention_bwd_dkdv_kernel(
     if b == num_seqs:
         return
     # Query r sees key c iff c - r in [d_lo, d_hi], i.e. r - c in [-d_hi, -d_lo].
-    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
         cu_q_ptr=cu_q_ptr,
         cup_q_ptr=cup_q_ptr,
         cu_k_ptr=cu_k_ptr,
@@ -813,7 +716,7 @@ def _attention_bwd_dkdv_kernel(
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
         last = tl.minimum(n_block * BLOCK_N + BLOCK_N, seqlen_k) - 1
-        a, b_, c, end = _tile_ranges(
+        a, b_, c, end = tile_ranges(
             t0=n_block * BLOCK_N,
             t_last=last,
             d_lo=-d_hi,
@@ -939,7 +842,7 @@ def _bwd_q_tiles(
         p = tl.exp2(s - lse[:, None])
         if MASKED:
             p = tl.where(
-                _visible(rows[:, None], cols[None, :], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0
+                visible(rows[:, None], cols[None, :], seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0
             )
         dp = _dot(do, tl.trans(v), UPCAST)
         ds = _ds_scaled(p, dp, delta[:, None], t, sm_scale, SOFTCAP).to(k.dtype)
@@ -1014,7 +917,7 @@ def _attention_bwd_dq_kernel(
         )
     if b == num_seqs:
         return
-    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
         cu_q_ptr=cu_q_ptr,
         cup_q_ptr=cup_q_ptr,
         cu_k_ptr=cu_k_ptr,
@@ -1046,7 +949,7 @@ def _attention_bwd_dq_kernel(
         delta = tl.load(delta_ptr + head * stride_lse_h + q_start + rows, mask=rows < seqlen_q, other=0.0)
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         last = tl.minimum(m_block * BLOCK_M + BLOCK_M, seqlen_q) - 1
-        a, b_, c, end = _tile_ranges(
+        a, b_, c, end = tile_ranges(
             t0=m_block * BLOCK_M,
             t_last=last,
             d_lo=d_lo,

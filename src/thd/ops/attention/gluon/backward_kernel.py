@@ -41,8 +41,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from thd.ops.attention.geometry import padding_span, sequence_pair, span, visible
 from thd.ops.attention.gluon.compat import cta_barrier, tma_load
-from thd.ops.attention.gluon.tiles import key_tiles, query_tiles, row_descriptor, visible
+from thd.ops.attention.gluon.tiles import key_tiles, query_tiles, row_descriptor
+from thd.ops.attention.softmax_terms import store_delta
 
 __all__ = ["_dkdv_kernel", "_dq_kernel", "_preprocess_kernel"]
 
@@ -55,70 +57,13 @@ _SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element
 
 
 @gluon.jit
-def _span(cu_ptr, cup_ptr, b, num_rows):
-    """(first row, real length) of sequence ``b``, clamped to the rows ``[0, num_rows)``."""
-    lo = gl.load(cu_ptr + b).to(gl.int64)
-    hi = gl.load(cu_ptr + b + 1).to(gl.int64)
-    start = gl.minimum(gl.maximum(gl.load(cup_ptr + b).to(gl.int64), 0), num_rows)
-    length = gl.minimum(gl.maximum(hi - lo, 0), num_rows - start)
-    return start.to(gl.int32), length.to(gl.int32)
-
-
-@gluon.jit
-def _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows):
-    """Padding rows ``[lo, hi)`` of slot ``b`` (clamped to the tensor); ``b == num_seqs`` is the tail."""
-    if b < num_seqs:
-        start, length = _span(cu_ptr, cup_ptr, b, num_rows)
-        lo = start + length
-        hi = gl.load(cup_ptr + b + 1).to(gl.int64)
-        hi = gl.minimum(gl.maximum(hi, lo), num_rows).to(gl.int32)
-    else:
-        lo = gl.minimum(gl.maximum(gl.load(cup_ptr + b).to(gl.int64), 0), num_rows).to(gl.int32)
-        hi = num_rows
-    return lo, hi
-
-
-@gluon.jit
-def _sequence_pair(
-    cu_q_ptr,
-    cup_q_ptr,
-    cu_k_ptr,
-    cup_k_ptr,
-    pos_q_ptr,
-    pos_k_ptr,
-    b,
-    rows_q,
-    rows_k,
-    window_left,
-    window_right,
-    HAS_POSITIONS: gl.constexpr,
-):
-    """Sequence ``b``'s query and key spans and its visible band ``[d_lo, d_hi]`` of key - query index."""
-    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
-    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
-    if HAS_POSITIONS:  # noqa: SIM108 -- a constexpr branch
-        offset = gl.load(pos_q_ptr + b) - gl.load(pos_k_ptr + b)
-    else:
-        offset = seqlen_k - seqlen_q
-    return q_start, seqlen_q, k_start, seqlen_k, offset - window_left, offset + window_right
-
-
-@gluon.jit
 def _zero_padding(
-    base_ptr,
-    stride_t,
-    cu_ptr,
-    cup_ptr,
-    b,
-    num_seqs,
-    num_rows,
-    WIDTH: gl.constexpr,
-    BLOCK_R: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
-):
+    base_ptr, stride_t, cu_ptr, cup_ptr, b, num_seqs, num_rows,
+    WIDTH: gl.constexpr, BLOCK_R: gl.constexpr, NUM_WARPS: gl.constexpr,
+):  # fmt: skip
     """Zero this program's share of the padding rows of slot ``b`` (grid axis 0 splits them)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
-    lo, hi = _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows)
+    lo, hi = padding_span(cu_ptr=cu_ptr, cup_ptr=cup_ptr, b=b, num_seqs=num_seqs, num_rows=num_rows)
     offs_r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, layout))
     offs_w = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
     zero = gl.zeros([BLOCK_R, WIDTH], base_ptr.dtype.element_ty, layout)
@@ -152,30 +97,15 @@ def _barriers(NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
 
 @gluon.jit
 def _preprocess_kernel(
-    out_ptr,
-    do_ptr,
-    delta_ptr,
-    lse_ptr,
-    sinks_ptr,
-    dsink_rows_ptr,
-    cu_q_ptr,
-    cup_q_ptr,
-    rows_q,
-    stride_ot,
-    stride_oh,
-    stride_dot,
-    stride_doh,
-    stride_lse_h,
-    HEAD_DIM_V: gl.constexpr,
-    HAS_SINKS: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
-):
+    out_ptr, do_ptr, delta_ptr, lse_ptr, sinks_ptr, dsink_rows_ptr, cu_q_ptr, cup_q_ptr, rows_q,
+    stride_ot, stride_oh, stride_dot, stride_doh, stride_lse_h,
+    HEAD_DIM_V: gl.constexpr, HAS_SINKS: gl.constexpr, BLOCK_M: gl.constexpr, NUM_WARPS: gl.constexpr,
+):  # fmt: skip
     """``delta = rowsum(out * dout)`` per real row; with sinks also ``-exp(sink - lse) * delta``."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     head = gl.program_id(1)
     b = gl.program_id(2)
-    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
+    q_start, seqlen_q = span(cu_ptr=cu_q_ptr, cup_ptr=cup_q_ptr, b=b, num_rows=rows_q)
     o_base = out_ptr + q_start.to(gl.int64) * stride_ot + head * stride_oh
     do_base = do_ptr + q_start.to(gl.int64) * stride_dot + head * stride_doh
     offs_r = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
@@ -186,9 +116,10 @@ def _preprocess_kernel(
         mask = (rows2 < seqlen_q) & (offs_d < HEAD_DIM_V)
         o = gl.load(o_base + rows2 * stride_ot + offs_d, mask=mask, other=0.0)
         do = gl.load(do_base + rows2 * stride_dot + offs_d, mask=mask, other=0.0)
-        delta = gl.sum(o.to(gl.float32) * do.to(gl.float32), 1)
-        at = head * stride_lse_h + q_start + rows
-        gl.store(delta_ptr + at, delta, mask=rows < seqlen_q)
+        delta, at = store_delta(
+            o=o, do=do, rows=rows, seqlen_q=seqlen_q, q_start=q_start, head=head,
+            stride_lse_h=stride_lse_h, delta_ptr=delta_ptr,
+        )  # fmt: skip
         if HAS_SINKS:
             lse = gl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
             lse = gl.where(lse == float("-inf"), float("inf"), lse)  # a row without any term: p = 0
@@ -405,7 +336,7 @@ def _dkdv_kernel(
         )
     if b == num_seqs:
         return
-    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
         cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
         window_right, HAS_POSITIONS,
     )  # fmt: skip
@@ -603,7 +534,7 @@ def _dq_kernel(
         )
     if b == num_seqs:
         return
-    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _sequence_pair(
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
         cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
         window_right, HAS_POSITIONS,
     )  # fmt: skip

@@ -25,6 +25,7 @@ end; output rows are stored with a row mask. Visibility and tile ranges follow `
 
 from __future__ import annotations
 
+from thd.ops.attention.geometry import padding_span, sequence_pair, visible
 from thd.ops.attention.gluon.compat import (
     cta_barrier,
     fence_async_shared,
@@ -36,7 +37,8 @@ from thd.ops.attention.gluon.compat import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from thd.ops.attention.gluon.tiles import key_tiles, visible
+from thd.ops.attention.gluon.tiles import key_tiles
+from thd.ops.attention.softmax_terms import fold_sink
 
 __all__ = ["attention_fwd_kernel"]
 
@@ -45,30 +47,6 @@ LN2 = gl.constexpr(0.6931471805599453)
 
 
 # ----------------------------------------------------------------------------- sequence geometry
-
-
-@gluon.jit
-def _span(cu_ptr, cup_ptr, b, num_rows):
-    """(first row, real length) of sequence ``b``, clamped to the rows ``[0, num_rows)``."""
-    lo = gl.load(cu_ptr + b).to(gl.int64)
-    hi = gl.load(cu_ptr + b + 1).to(gl.int64)
-    start = gl.minimum(gl.maximum(gl.load(cup_ptr + b).to(gl.int64), 0), num_rows)
-    length = gl.minimum(gl.maximum(hi - lo, 0), num_rows - start)
-    return start, length.to(gl.int32)
-
-
-@gluon.jit
-def _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows):
-    """Padding rows ``[lo, hi)`` of slot ``b`` (clamped); ``b == num_seqs`` is the tail."""
-    if b < num_seqs:
-        start, length = _span(cu_ptr, cup_ptr, b, num_rows)
-        lo = start + length
-        hi = gl.load(cup_ptr + b + 1).to(gl.int64)
-        hi = gl.minimum(gl.maximum(hi, lo), num_rows)
-    else:
-        lo = gl.minimum(gl.maximum(gl.load(cup_ptr + b).to(gl.int64), 0), num_rows)
-        hi = num_rows.to(gl.int64)
-    return lo, hi
 
 
 @gluon.jit
@@ -92,7 +70,9 @@ def _fill_padding(
         chunk = job % CHUNKS
         head = (job // CHUNKS) % num_heads
         b = job // (CHUNKS * num_heads)
-        lo, hi = _padding_span(cu_ptr, cup_ptr, b, num_seqs, num_rows)
+        lo, hi = padding_span(
+            cu_ptr=cu_ptr, cup_ptr=cup_ptr, b=b, num_seqs=num_seqs, num_rows=num_rows, WIDE=True
+        )
         out_head = out_ptr + head * stride_oh
         lse_head = lse_ptr + head * stride_lse_h
         for row0 in range(lo + chunk * BLOCK_R, hi, CHUNKS * BLOCK_R):
@@ -107,59 +87,71 @@ def _fill_padding(
 @gluon.jit
 def _work_item(
     w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-    rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
+    rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
-    """Work item ``w`` (heads innermost): its head, query tile, the sequence's query and key spans
-    and its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
-    placed by the positions)."""
+    """Work item ``w`` (heads innermost): its head, query tile, the sequence's query and key spans,
+    its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
+    placed by the positions) and the query tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
     item = w // num_heads
     head = w - item * num_heads
     b = gl.load(seq_ptr + item)
     m_block = gl.load(blk_ptr + item)
-    q_start, seqlen_q = _span(cu_q_ptr, cup_q_ptr, b, rows_q)
-    k_start, seqlen_k = _span(cu_k_ptr, cup_k_ptr, b, rows_k)
-    if HAS_POSITIONS:  # noqa: SIM108 -- a constexpr branch
-        offset = gl.load(pos_q_ptr + b) - gl.load(pos_k_ptr + b)
-    else:
-        offset = seqlen_k - seqlen_q
-    return head, m_block, q_start, seqlen_q, k_start, seqlen_k, offset - window_left, offset + window_right
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
+        cu_q_ptr=cu_q_ptr, cup_q_ptr=cup_q_ptr, cu_k_ptr=cu_k_ptr, cup_k_ptr=cup_k_ptr, pos_q_ptr=pos_q_ptr,
+        pos_k_ptr=pos_k_ptr, b=b, rows_q=rows_q, rows_k=rows_k, window_left=window_left,
+        window_right=window_right, HAS_POSITIONS=HAS_POSITIONS, WIDE=True,
+    )  # fmt: skip
+    a, b, c, end = key_tiles(
+        m0=m_block * BLOCK_M, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d_lo=d_lo, d_hi=d_hi,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+    )  # fmt: skip
+    return head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi, a, b, c, end
 
 
 # ----------------------------------------------------------------------------- producer
 
 
 @gluon.jit
-def _load_item(
-    q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    head, kv_head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
-    q_buf, q_full, k_smem, v_smem, k_full, v_full, kv_empty, it,
-    HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr,
-):  # fmt: skip
+def _head_rows(ptr, start, stride_t, head, stride_h, num_rows, BLOCK_R: gl.constexpr, WIDTH: gl.constexpr):
+    """A TMA descriptor over head ``head``'s ``num_rows`` rows from row ``start`` of a ``[T, H, WIDTH]``
+    tensor, read in ``[BLOCK_R, WIDTH]`` tiles: rows past them load as zeros and are never read."""
+    return tma.make_tensor_descriptor(
+        ptr + start * stride_t + head * stride_h,
+        shape=[gl.maximum(num_rows, 1), WIDTH],
+        strides=[stride_t, 1],
+        block_shape=[BLOCK_R, WIDTH],
+        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_R, WIDTH], ptr.dtype.element_ty),
+    )
+
+
+@gluon.jit
+def _load_item(item, kv_head, q_buf, q_full, ring, it):
     """One work item's copies: descriptors bounded by the sequence's real rows (rows past them read
-    as zeros), Q into ``q_buf``, then the K and V tiles ``[a, end)`` into the ring."""
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc = tma.make_tensor_descriptor(
-        q_ptr + q_start * stride_qt + head * stride_qh,
-        shape=[gl.maximum(seqlen_q, 1), HEAD_DIM],
-        strides=[stride_qt, 1],
-        block_shape=[BLOCK_M, HEAD_DIM],
-        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype),
-    )
-    k_desc = tma.make_tensor_descriptor(
-        k_ptr + k_start * stride_kt + kv_head * stride_kh,
-        shape=[gl.maximum(seqlen_k, 1), HEAD_DIM],
-        strides=[stride_kt, 1],
-        block_shape=[BLOCK_N, HEAD_DIM],
-        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype),
-    )
-    v_desc = tma.make_tensor_descriptor(
-        v_ptr + k_start * stride_vt + kv_head * stride_vh,
-        shape=[gl.maximum(seqlen_k, 1), HEAD_DIM_V],
-        strides=[stride_vt, 1],
-        block_shape=[BLOCK_N, HEAD_DIM_V],
-        layout=gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM_V], dtype),
-    )
+    as zeros), Q into ``q_buf``, then the K and V tiles ``[a, end)`` into the ``ring`` of stages.
+    Tile shapes come from the shared-memory buffers."""
+    (
+        q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
+    ) = item  # fmt: skip
+    k_smem, v_smem, k_full, v_full, kv_empty = ring
+    BLOCK_M: gl.constexpr = q_buf.shape[0]
+    HEAD_DIM: gl.constexpr = q_buf.shape[1]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
+    q_desc = _head_rows(
+        ptr=q_ptr, start=q_start, stride_t=stride_qt, head=head, stride_h=stride_qh, num_rows=seqlen_q,
+        BLOCK_R=BLOCK_M, WIDTH=HEAD_DIM,
+    )  # fmt: skip
+    k_desc = _head_rows(
+        ptr=k_ptr, start=k_start, stride_t=stride_kt, head=kv_head, stride_h=stride_kh, num_rows=seqlen_k,
+        BLOCK_R=BLOCK_N, WIDTH=HEAD_DIM,
+    )  # fmt: skip
+    v_desc = _head_rows(
+        ptr=v_ptr, start=k_start, stride_t=stride_vt, head=kv_head, stride_h=stride_vh, num_rows=seqlen_k,
+        BLOCK_R=BLOCK_N, WIDTH=HEAD_DIM_V,
+    )  # fmt: skip
     mbarrier.expect(q_full, q_desc.block_type.nbytes)
     tma_load(q_desc, [m_block * BLOCK_M, 0], q_full, q_buf)
     for kn in range(a, end, BLOCK_N):
@@ -187,38 +179,26 @@ def _producer(
         seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
         rows_q, rows_k, window_left, window_right,
     ) = args  # fmt: skip
-    BLOCK_M: gl.constexpr = q_smem.shape[1]
-    HEAD_DIM: gl.constexpr = q_smem.shape[2]
-    STAGES: gl.constexpr = k_smem.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
-    HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
+    ring = (k_smem, v_smem, k_full, v_full, kv_empty)
     it = 0
     t = 0
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
-        head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _work_item(
+        head, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
             w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-            rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
-        )  # fmt: skip
-        a, _, _, end = key_tiles(
-            m0=m_block * BLOCK_M, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d_lo=d_lo, d_hi=d_hi,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
         qi = t & 1
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
+        item = (
+            q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+            head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
+        )  # fmt: skip
         if qi == 0:  # two call sites: two descriptor sets in the global scratch
-            it = _load_item(
-                q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                head, head // GROUP, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
-                q_smem.index(0), q_bars.index(0), k_smem, v_smem, k_full, v_full, kv_empty, it,
-                HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-            )  # fmt: skip
+            it = _load_item(item, head // GROUP, q_smem.index(0), q_bars.index(0), ring, it)
         else:
-            it = _load_item(
-                q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                head, head // GROUP, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
-                q_smem.index(1), q_bars.index(1), k_smem, v_smem, k_full, v_full, kv_empty, it,
-                HEAD_DIM, HEAD_DIM_V, BLOCK_M, BLOCK_N, STAGES,
-            )  # fmt: skip
+            it = _load_item(item, head // GROUP, q_smem.index(1), q_bars.index(1), ring, it)
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
 
 
@@ -331,13 +311,9 @@ def _consumer(
     t = 0
     k = 0
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
-        head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi = _work_item(
+        head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
             w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-            rows_q, rows_k, window_left, window_right, HAS_POSITIONS,
-        )  # fmt: skip
-        a, b_full, c_full, end = key_tiles(
-            m0=m_block * BLOCK_M, seqlen_q=seqlen_q, seqlen_k=seqlen_k, d_lo=d_lo, d_hi=d_hi,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
         out_base = out_ptr + head * stride_oh + q_start * stride_ot
         lse_base = lse_ptr + head * stride_lse_h + q_start
@@ -411,12 +387,7 @@ def _consumer(
         _release(q_bars.index(2 + qi))
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
         if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
-            sink = gl.load(sinks_ptr + head).to(gl.float32) * LOG2E
-            m_new = gl.maximum(m_i, sink)
-            m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # no key and a -inf sink: adds 0
-            alpha = gl.exp2(m_i - m_ref)
-            l_i = l_i * alpha + gl.exp2(sink - m_ref)
-            m_i = m_new
+            m_i, l_i, alpha = fold_sink(m_i=m_i, l_i=l_i, sinks_ptr=sinks_ptr, head=head)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
         has_keys = l_i != 0.0  # NaN rows stay NaN
         l_safe = gl.where(has_keys, l_i, 1.0)

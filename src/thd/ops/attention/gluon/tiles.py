@@ -3,41 +3,15 @@ a tile of rows sees under the visibility band, which of them need a mask, and th
 over one sequence's rows.
 
 Visibility: query ``i`` sees key ``j`` iff ``j - i`` lies in ``[d_lo, d_hi]``, a side bounded only
-with ``HAS_LEFT`` / ``HAS_RIGHT`` (the ``tl`` kernels' rule, ``kernels._tile_ranges``).
+with ``HAS_LEFT`` / ``HAS_RIGHT`` (``geometry.tile_ranges``, shared with the ``tl`` kernels).
 """
 
 from __future__ import annotations
 
+from thd.ops.attention.geometry import tile_ranges
 from thd.ops.attention.gluon.compat import gl, gluon, tma
 
-__all__ = ["key_tiles", "query_tiles", "row_descriptor", "tile_ranges", "visible"]
-
-
-@gluon.jit
-def tile_ranges(
-    t0, t_last, d_lo, d_hi, partners, BLOCK: gl.constexpr, HAS_LO: gl.constexpr, HAS_HI: gl.constexpr
-):
-    """Partner tiles of own indices ``[t0, t_last]``, partner ``p`` visible iff ``p - t`` in
-    ``[d_lo, d_hi]`` and ``0 <= p < partners``: ``(a, b, c, end)`` with ``[a, b)`` and
-    ``[c, end)`` masked and ``[b, c)`` seen in full (the tl kernels' split)."""
-    lo = t0 * 0
-    full_lo = t0 * 0
-    end = partners
-    full_hi = partners
-    if HAS_LO:
-        lo = gl.maximum(t0 + d_lo, 0)
-        full_lo = gl.maximum(t_last + d_lo, 0)
-    if HAS_HI:
-        end = gl.maximum(gl.minimum(t_last + d_hi + 1, partners), 0)
-        full_hi = gl.maximum(gl.minimum(t0 + d_hi + 1, partners), 0)
-    a = (lo // BLOCK) * BLOCK
-    b = gl.cdiv(full_lo, BLOCK) * BLOCK
-    c = (full_hi // BLOCK) * BLOCK
-    if c <= b:
-        b = a
-        c = a
-    end = gl.maximum(end, c)
-    return a, b, c, end
+__all__ = ["key_tiles", "query_tiles", "row_descriptor"]
 
 
 @gluon.jit
@@ -64,17 +38,6 @@ def key_tiles(
     needs no mask of its own (its rows past the end have lse = +inf, so P = 0)."""
     last = gl.minimum(m0 + BLOCK_M, seqlen_q) - 1
     return tile_ranges(m0, last, d_lo, d_hi, seqlen_k, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-
-
-@gluon.jit
-def visible(r, c, num_keys, d_lo, d_hi, HAS_LO: gl.constexpr, HAS_HI: gl.constexpr):
-    """Mask of visible (query ``r``, key ``c``) pairs, broadcast against each other."""
-    seen = c < num_keys
-    if HAS_LO:
-        seen = seen & (c - r >= d_lo)
-    if HAS_HI:
-        seen = seen & (c - r <= d_hi)
-    return seen
 
 
 @gluon.jit
