@@ -2,8 +2,8 @@
 
 The torch reference reads every sequence's span on the host (one device-to-host copy). On the
 unvalidated path (both ``max_seqlen_*`` given) the offsets may be invalid: decreasing, negative,
-past the buffer or near ``2**31``. The kernels then clamp each span to the tensor (``_span`` in
-``kernels.py``) and give garbage values, never an exception; :func:`clamped_spans` applies the
+past the buffer or near ``2**31``. The kernels then clamp each span to the tensor
+(``geometry.span``) and give garbage values, never an exception; :func:`clamped_spans` applies the
 same rule, so the reference does too, in O(B) host work whatever the offsets say.
 """
 

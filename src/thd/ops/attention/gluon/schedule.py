@@ -5,7 +5,7 @@ index from the highest down (under a causal mask a sequence's tile ``m`` sees ``
 so this is longest first), sequences in order within one tile index. Item ``(b, m)`` lands at
 ``#{items with a higher tile index} + #{b' < b with more than m tiles}``, computed per item by one
 program per sequence, so the list costs one small launch. Lengths are clamped as the attention
-kernels clamp them (``kernels._span``) and nothing is written past ``capacity``.
+kernels clamp them (``geometry.span``) and nothing is written past ``capacity``.
 """
 
 from __future__ import annotations
