@@ -25,7 +25,7 @@ $(VENV)/.stamp-release: Makefile
 
 $(VENV)/.stamp-full: $(VENV)/.stamp-release pyproject.toml
 	@echo "==> installing the CPU test stack into $(VENV): torch, triton, transformers, pytest, ..."
-	@echo "    (once per fresh checkout; about 3 minutes on 2 cores, then the tests take about 14 minutes)"
+	@echo "    (once per fresh checkout; about 2.5 minutes on 2 cores, then the tests take about 13 minutes)"
 	$(PY) -m pip install --disable-pip-version-check --progress-bar off $(TEST_DEPS)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
