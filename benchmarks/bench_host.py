@@ -36,6 +36,7 @@ from _common import (
     package_version,
     write_json,
 )
+from attention_measure import timed_fn
 from torch import Tensor
 
 import thd
@@ -116,23 +117,6 @@ PROVIDERS: dict[str, Callable[[Problem], Attn]] = {
 }
 
 
-def timed(call: Attn, p: Problem, mode: str) -> Callable[[], object]:
-    """One eager call of ``mode``: the forward under ``no_grad``, or forward + ``autograd.grad``."""
-    if mode == "fwd":
-
-        def fwd() -> object:
-            with torch.no_grad():
-                return call(p.q, p.k, p.v)
-
-        return fwd
-    leaves = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
-
-    def fwd_bwd() -> object:
-        return torch.autograd.grad(call(*leaves), leaves, p.do)
-
-    return fwd_bwd
-
-
 def measure(p: Problem, providers: Sequence[str], calls: int, rounds: int) -> list[dict[str, Any]]:
     """Records per (provider, mode): medians over ``rounds`` rounds, providers taking turns."""
     ready: dict[tuple[str, str], Callable[[], object]] = {}
@@ -141,7 +125,7 @@ def measure(p: Problem, providers: Sequence[str], calls: int, rounds: int) -> li
         for mode in MODES:
             base = {"op": "host_time", "provider": provider, "mode": mode, "shape": p.shape}
             try:
-                fn = timed(PROVIDERS[provider](p), p, mode)
+                fn = timed_fn(PROVIDERS[provider](p), p, mode)  # p: q, k, v, do as it needs
                 fn()  # compiles, or shows that the provider cannot run here
             except (ImportError, AttributeError) as exc:
                 records.append(make_record(**base, status="unavailable", error=error_text(exc)))
