@@ -1,4 +1,5 @@
-"""One forward and one backward of the benchmark's largest mix, for Nsight Compute.
+"""One forward and one backward of the benchmark's largest mix, for Nsight Compute (``--family
+tl|gluon``: the Triton kernels or the Gluon sm_90 kernels, called directly).
 
 Warm-up calls run outside the profiled range; the profiled range holds exactly one call of each
 kernel on the table's tiles (32k tokens of 512-8192-token causal documents, 16 heads, bf16):
@@ -24,7 +25,15 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--docs", default="512-8192")
+    parser.add_argument("--family", choices=("tl", "gluon"), default="tl")
     args = parser.parse_args()
+    if args.family == "gluon":
+        from thd.ops.attention.gluon import backward as gluon_backward
+        from thd.ops.attention.gluon import forward as gluon_forward
+
+        forward, backward = gluon_forward.forward, gluon_backward.backward
+    else:
+        forward, backward = launch.forward, launch.backward
     lo, hi = (int(x) for x in args.docs.split("-"))
     layout, rows, _ = _layout(args.tokens, lo, hi, 1, "cuda")
     q, k, v, do = (
@@ -32,12 +41,12 @@ def main() -> None:
     )
     options = AttentionOptions(args.head_dim**-0.5, causal=True, deterministic=True)
     for _ in range(3):
-        out, lse = launch.forward(ForwardCall(q, k, v, layout, options))
-        launch.backward(BackwardCall(do, SavedForBackward(q, k, v, out, lse), layout, options))
+        out, lse = forward(ForwardCall(q, k, v, layout, options))
+        backward(BackwardCall(do, SavedForBackward(q, k, v, out, lse), layout, options))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    out, lse = launch.forward(ForwardCall(q, k, v, layout, options))
-    launch.backward(BackwardCall(do, SavedForBackward(q, k, v, out, lse), layout, options))
+    out, lse = forward(ForwardCall(q, k, v, layout, options))
+    backward(BackwardCall(do, SavedForBackward(q, k, v, out, lse), layout, options))
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 

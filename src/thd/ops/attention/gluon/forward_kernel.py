@@ -9,7 +9,9 @@ between them, as the ``tl`` kernel does; the cost is proportional to the padding
 - the producer (one warp, 24 registers): per work item, device-side tensor descriptors bounded by
   the sequence's real rows (double-buffered with Q by item parity), a TMA load of Q, then the K and
   V tiles of every key tile the item sees into a ``STAGES``-deep shared-memory ring;
-  ``k_full``/``v_full`` barriers carry the copies' byte counts, ``kv_empty`` frees a stage;
+  ``k_full``/``v_full`` barriers carry the copies' byte counts; ``k_empty`` frees a stage's K once
+  its ``Q K^T`` completed and ``v_empty`` its V once its ``P V`` did (FA3's separate K and V
+  pipelines: the next K streams in while this tile's ``P V`` runs);
 - the consumers (``NUM_WG = 2``: two 4-warp partitions of 240 registers, rows ``[0, 64)`` and
   ``[64, 128)`` of each tile; ``NUM_WG = 1``: the default partition alone): ``S = Q K^T`` by async
   ``wgmma`` from shared memory, the online softmax with ``exp2`` and the scale folded into one
@@ -134,7 +136,7 @@ def _load_item(item, kv_head, q_buf, q_full, ring, it):
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
     ) = item  # fmt: skip
-    k_smem, v_smem, k_full, v_full, kv_empty = ring
+    k_smem, v_smem, k_full, v_full, k_empty, v_empty = ring
     BLOCK_M: gl.constexpr = q_buf.shape[0]
     HEAD_DIM: gl.constexpr = q_buf.shape[1]
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -156,9 +158,11 @@ def _load_item(item, kv_head, q_buf, q_full, ring, it):
     tma_load(q_desc, [m_block * BLOCK_M, 0], q_full, q_buf)
     for kn in range(a, end, BLOCK_N):
         s = it % STAGES
-        mbarrier.wait(kv_empty.index(s), ((it // STAGES) & 1) ^ 1)
+        free = ((it // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(s), free)
         mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
         tma_load(k_desc, [kn, 0], k_full.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), free)
         mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
         tma_load(v_desc, [kn, 0], v_full.index(s), v_smem.index(s))
         it += 1
@@ -175,11 +179,11 @@ def _producer(
     Tile shapes come from the shared-memory buffers."""
     (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
         seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
         rows_q, rows_k, window_left, window_right,
     ) = args  # fmt: skip
-    ring = (k_smem, v_smem, k_full, v_full, kv_empty)
+    ring = (k_smem, v_smem, k_full, v_full, k_empty, v_empty)
     it = 0
     t = 0
     BLOCK_M: gl.constexpr = q_smem.shape[1]
@@ -259,6 +263,15 @@ def _release(bar):
 
 
 @gluon.jit
+def _release_values(k_empty, v_empty, stage, SPLIT_RELEASE: gl.constexpr):
+    """Stage ``stage``'s V is read (its ``P V`` completed); without ``SPLIT_RELEASE`` its K is
+    released only now as well (one release per stage, the schedule before split release)."""
+    if not SPLIT_RELEASE:
+        _release(k_empty.index(stage))
+    _release(v_empty.index(stage))
+
+
+@gluon.jit
 def _turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, k):
     """Ping-pong of two consumer warpgroups: wait until the other one issued its matrix products
     (the ``k``-th turn of warpgroup ``WG``; warpgroup 0 goes first), so one group's softmax runs
@@ -278,15 +291,15 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
 def _consumer(
     args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
-    WG: gl.constexpr, NUM_WG: gl.constexpr,
+    WG: gl.constexpr, NUM_WG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
-    span), release each stage once (``kv_empty`` counts two arrivals) and take turns issuing. Tile
+    span), release each stage's K and V once each (the empty barriers count two arrivals) and take turns issuing. Tile
     shapes come from the shared-memory buffers."""
     (
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
-        stride_ot, stride_oh, stride_lse_h,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
+        sinks_ptr, stride_ot, stride_oh, stride_lse_h,
         seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
         rows_q, rows_k, window_left, window_right, sm_scale, softcap,
     ) = args  # fmt: skip
@@ -347,6 +360,8 @@ def _consumer(
                 q_buf, k_smem.index(s_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
             )
             s = warpgroup_mma_wait(0, deps=[s])
+            if SPLIT_RELEASE:
+                _release(k_empty.index(s_idx))
             p, m_i, l_i, alpha = _softmax_step(
                 s, m_i, l_i, a, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
                 BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE,
@@ -366,12 +381,14 @@ def _consumer(
                 acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
                 _pass_turn(turns, WG, NUM_WG)
                 s = warpgroup_mma_wait(1, deps=[s])  # this tile's scores; P V still in flight
+                if SPLIT_RELEASE:  # K of tile j is read: its stage may take the next K
+                    _release(k_empty.index(n_idx))
                 p, m_i, l_i, alpha = _softmax_step(
                     s, m_i, l_i, kn, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
                     BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE,
                 )  # fmt: skip
                 acc = warpgroup_mma_wait(0, deps=[acc])
-                _release(kv_empty.index(s_idx))
+                _release_values(k_empty, v_empty, s_idx, SPLIT_RELEASE)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 it += 1
@@ -382,7 +399,7 @@ def _consumer(
             acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG)
             acc = warpgroup_mma_wait(0, deps=[acc])
-            _release(kv_empty.index(s_idx))
+            _release_values(k_empty, v_empty, s_idx, SPLIT_RELEASE)
             it += 1
         _release(q_bars.index(2 + qi))
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
@@ -411,6 +428,7 @@ def attention_fwd_kernel(
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    SPLIT_RELEASE: gl.constexpr,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
     list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
@@ -431,7 +449,8 @@ def attention_fwd_kernel(
     q_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # full 0, 1; empty 0, 1
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
@@ -440,21 +459,22 @@ def attention_fwd_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(k_full.index(i), count=1)
         mbarrier.init(v_full.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=NUM_WG)
+        mbarrier.init(k_empty.index(i), count=NUM_WG)
+        mbarrier.init(v_empty.index(i), count=NUM_WG)
     fence_async_shared()
 
     # In Triton 3.6 a tuple bound to a name inside the kernel turns its constexprs into values
     # ("Shape element 0 must have type constexpr[int]"): the tuples bound here hold values only, the
     # constexprs are spelled out in each entry.
     consumer = (
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, turns, out_ptr, lse_ptr, sinks_ptr,
-        stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
+        sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
         cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
         window_left, window_right, sm_scale, softcap,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, kv_empty, seq_ptr, blk_ptr, total,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, seq_ptr, blk_ptr, total,
         num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
         window_left, window_right,
     )  # fmt: skip
@@ -462,9 +482,9 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 2)),
+                             ACCUMULATE, 0, 2, SPLIT_RELEASE)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 2)),
+                             ACCUMULATE, 1, 2, SPLIT_RELEASE)),
                 (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
             ],
             [4, 1],
@@ -474,7 +494,7 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 1)),
+                             ACCUMULATE, 0, 1, SPLIT_RELEASE)),
                 (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
