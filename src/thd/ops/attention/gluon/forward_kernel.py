@@ -295,8 +295,8 @@ def _consumer(
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
-    span), release each stage's K and V once each (the empty barriers count two arrivals) and take turns issuing. Tile
-    shapes come from the shared-memory buffers."""
+    span), release each stage's K and V once each (the empty barriers count two arrivals) and take
+    turns issuing. Tile shapes come from the shared-memory buffers."""
     (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h,
