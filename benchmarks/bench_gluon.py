@@ -5,8 +5,8 @@ bf16, 16 heads, causal documents with uniform random lengths in a mix, packed or
 to a multiple of rows; TFLOP/s counted on real tokens; each provider's calls back to back between
 one pair of CUDA events (``_common.bench_back_to_back``). ``--tiles64``/``--tiles128`` sweep
 Gluon tiles (``BMxBNwWARPSsSTAGEScCONSUMERS[rREGSpCTAS][j]``, ``j``: K and V released together).
-Every Gluon output is checked against the ``tl`` output on real rows before it is timed. Writes one JSON document (command, commit, GPU,
-versions, records) after every row.
+Every Gluon output is checked against the ``tl`` output on real rows before it is timed. Writes
+one JSON document (command, commit, GPU, versions, records) after every row.
 
     python benchmarks/bench_gluon.py --out benchmarks/results/gluon-fwd.json --commit SHA
 """
