@@ -4,9 +4,10 @@ when ``flash_attn.cute`` imports), on the table rows of issue 24.
 bf16, 16 heads, causal documents with uniform random lengths in a mix, packed or in slots rounded up
 to a multiple of rows; TFLOP/s counted on real tokens; each provider's calls back to back between
 one pair of CUDA events (``_common.bench_back_to_back``). ``--tiles64``/``--tiles128`` sweep
-Gluon tiles (``BMxBNwWARPSsSTAGEScCONSUMERS[rREGSpCTAS][j]``, ``j``: K and V released together).
-Every Gluon output is checked against the ``tl`` output on real rows before it is timed. Writes
-one JSON document (command, commit, GPU, versions, records) after every row.
+Gluon tiles (``BMxBNwWARPSsSTAGEScCONSUMERS[rREGSpCTAS][j][t]``, ``j``: K and V released together,
+``t``: the tile-major work list). Every Gluon output is checked against the ``tl`` output on real
+rows before it is timed. Writes one JSON document (command, commit, GPU, versions, records) after
+every row.
 
     python benchmarks/bench_gluon.py --out benchmarks/results/gluon-fwd.json --commit SHA
 """
@@ -46,15 +47,16 @@ ROWS = (
 
 
 def _tile(text: str) -> gluon_forward.GluonTile:
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)c(\d)(?:r(\d+)p(\d))?(j?)", text)
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)c(\d)(?:r(\d+)p(\d))?(j?)(t?)", text)
     if m is None:
         raise argparse.ArgumentTypeError(
             f"expected BMxBNwWARPSsSTAGEScCONSUMERS[rMAXNREGpCTAS][j], got {text!r}"
         )
-    bm, bn, warps, stages, consumers, maxnreg, ctas, joint = m.groups()
+    bm, bn, warps, stages, consumers, maxnreg, ctas, joint, tile_major = m.groups()
     return gluon_forward.GluonTile(
         int(bm), int(bn), int(warps), int(stages), int(consumers),
         maxnreg=int(maxnreg or 168), ctas_per_sm=int(ctas or 1), split_release=not joint,
+        document_major=not tile_major,
     )  # fmt: skip
 
 
@@ -102,7 +104,8 @@ def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[d
             )
         )
         print(
-            f"{p.label:40s} {provider:6s} {extra.get('tile', ''):14s} {records[-1]['tflops']:7.1f} TFLOP/s",
+            f"{p.spec.text:24s} D{head_dim} {provider:6s} {extra.get('tile', ''):15s} "
+            f"{records[-1]['tflops']:7.1f} TFLOP/s",
             flush=True,
         )
 
@@ -135,7 +138,9 @@ def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[d
                     tile=tile.name,
                 )
             )
-            print(f"{p.label} gluon {tile.name}: WRONG max diff {diff} pad {pad_ok}", flush=True)
+            print(
+                f"{p.spec.text} D{head_dim} gluon {tile.name}: WRONG max diff {diff} pad {pad_ok}", flush=True
+            )
             continue
         timed(
             "gluon",
@@ -158,7 +163,7 @@ def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[d
                 )
             )
         else:
-            timed("fa4", lambda: fa4(p.q, p.k, p.v))
+            timed("fa4", lambda: fa4.call(p.q, p.k, p.v))
     return records
 
 

@@ -1,8 +1,9 @@
 """Warp-specialized Gluon forward attention for Hopper (sm_90), FlashAttention-3's structure.
 
 Persistent: ``G`` programs (one per SM) take work items ``p, p + G, ...`` of a list built on the
-device from the offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, tile index descending,
-heads innermost), so short documents leave no empty programs and nothing syncs with the host.
+device from the offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, each sequence's from the
+last down, the list walked once per K/V head so that programs running together share K/V in L2),
+so short documents leave no empty programs and nothing syncs with the host.
 Before the warp-specialized region the programs write every padding row (``out`` 0, ``lse`` -inf)
 between them, as the ``tl`` kernel does; the cost is proportional to the padding. Then:
 
@@ -88,15 +89,27 @@ def _fill_padding(
 
 @gluon.jit
 def _work_item(
-    w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-    rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr, BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    w, seq_ptr, blk_ptr, num_items, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
+    pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    GROUP: gl.constexpr, DOCUMENT_MAJOR: gl.constexpr,
 ):  # fmt: skip
-    """Work item ``w`` (heads innermost): its head, query tile, the sequence's query and key spans,
-    its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
-    placed by the positions) and the query tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
-    item = w // num_heads
-    head = w - item * num_heads
+    """Work item ``w``: its head, query tile, the sequence's query and key spans, its visible band
+    ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or placed by the
+    positions) and the query tile's key tiles ``(a, b, c, end)`` (``key_tiles``).
+
+    ``DOCUMENT_MAJOR``: the list of ``num_items`` query tiles once per K/V head, the ``GROUP`` query
+    heads sharing it innermost, so programs that run together read the same K/V; else every item's
+    heads innermost."""
+    if DOCUMENT_MAJOR:
+        per_kv_head = num_items * GROUP
+        kv_head = w // per_kv_head
+        rest = w - kv_head * per_kv_head
+        item = rest // GROUP
+        head = kv_head * GROUP + (rest - item * GROUP)
+    else:
+        item = w // num_heads
+        head = w - item * num_heads
     b = gl.load(seq_ptr + item)
     m_block = gl.load(blk_ptr + item)
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
@@ -171,7 +184,12 @@ def _load_item(item, kv_head, q_buf, q_full, ring, it):
 
 @gluon.jit
 def _producer(
-    args, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr
+    args,
+    GROUP: gl.constexpr,
+    HAS_POSITIONS: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+    DOCUMENT_MAJOR: gl.constexpr,
 ):
     """The copies of this program's work items, in the order the consumer reads them. Q and the
     descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
@@ -180,8 +198,8 @@ def _producer(
     (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-        seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-        rows_q, rows_k, window_left, window_right,
+        seq_ptr, blk_ptr, num_items, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
+        pos_k_ptr, rows_q, rows_k, window_left, window_right,
     ) = args  # fmt: skip
     ring = (k_smem, v_smem, k_full, v_full, k_empty, v_empty)
     it = 0
@@ -190,8 +208,9 @@ def _producer(
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
         head, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
-            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+            w, seq_ptr, blk_ptr, num_items, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
+            pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT,
+            HAS_RIGHT, GROUP, DOCUMENT_MAJOR,
         )  # fmt: skip
         qi = t & 1
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
@@ -291,7 +310,8 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
 def _consumer(
     args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
-    WG: gl.constexpr, NUM_WG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
+    WG: gl.constexpr, NUM_WG: gl.constexpr, SPLIT_RELEASE: gl.constexpr, GROUP: gl.constexpr,
+    DOCUMENT_MAJOR: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
@@ -300,8 +320,8 @@ def _consumer(
     (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h,
-        seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-        rows_q, rows_k, window_left, window_right, sm_scale, softcap,
+        seq_ptr, blk_ptr, num_items, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
+        pos_k_ptr, rows_q, rows_k, window_left, window_right, sm_scale, softcap,
     ) = args  # fmt: skip
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -325,8 +345,9 @@ def _consumer(
     k = 0
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
         head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
-            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+            w, seq_ptr, blk_ptr, num_items, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
+            pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT,
+            HAS_RIGHT, GROUP, DOCUMENT_MAJOR,
         )  # fmt: skip
         out_base = out_ptr + head * stride_oh + q_start * stride_ot
         lse_base = lse_ptr + head * stride_lse_h + q_start
@@ -428,16 +449,18 @@ def attention_fwd_kernel(
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    SPLIT_RELEASE: gl.constexpr,
+    SPLIT_RELEASE: gl.constexpr, DOCUMENT_MAJOR: gl.constexpr,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
-    list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
+    list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads; the list's order
+    and the heads' place in it follow ``DOCUMENT_MAJOR``, see ``_work_item``)."""
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
         _fill_padding(
             out_ptr, lse_ptr, stride_ot, stride_oh, stride_lse_h, cu_q_ptr, cup_q_ptr, num_seqs, num_heads,
             rows_q, HEAD_DIM_V,
         )  # fmt: skip
-    total = gl.load(count_ptr) * num_heads
+    num_items = gl.load(count_ptr)
+    total = num_items * num_heads
 
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -468,24 +491,24 @@ def attention_fwd_kernel(
     # constexprs are spelled out in each entry.
     consumer = (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
-        sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+        sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, num_items, total, num_heads,
         cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
         window_left, window_right, sm_scale, softcap,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, seq_ptr, blk_ptr, total,
-        num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, seq_ptr, blk_ptr, num_items,
+        total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
         window_left, window_right,
     )  # fmt: skip
     if NUM_WG == 2:  # two 4-warp consumer partitions taking turns, and the producer warp
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 2, SPLIT_RELEASE)),
+                             ACCUMULATE, 0, 2, SPLIT_RELEASE, GROUP, DOCUMENT_MAJOR)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 2, SPLIT_RELEASE)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
+                             ACCUMULATE, 1, 2, SPLIT_RELEASE, GROUP, DOCUMENT_MAJOR)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, DOCUMENT_MAJOR)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -494,8 +517,8 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 1, SPLIT_RELEASE)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
+                             ACCUMULATE, 0, 1, SPLIT_RELEASE, GROUP, DOCUMENT_MAJOR)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, DOCUMENT_MAJOR)),
             ],
             [1],
             [PRODUCER_REGS],
