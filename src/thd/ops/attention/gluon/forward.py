@@ -51,16 +51,20 @@ class GluonTile(WarpSpecializedTile):
     # Release a stage's K once its Q K^T completed, its V once its P V did; False: both after the
     # P V (the schedule before; name suffix "j").
     split_release: bool = True
-    # Work list by sequence, walked once per K/V head (programs running together share K/V in L2);
-    # False: by tile index over all sequences, heads innermost (the order before; name suffix "t").
-    document_major: bool = True
+    # Work list by sequence, walked once per K/V head (programs running together share K/V in L2;
+    # name suffix "d"); False: by tile index over all sequences, heads innermost (longest first).
+    document_major: bool = False
+    # One program per work item (the hardware hands items to SMs as they free up; name suffix
+    # "g"); True: one persistent program per SM taking every G-th item.
+    persistent: bool = True
 
     @property
     def name(self) -> str:
         text = f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}c{self.consumers}"
         if self.maxnreg != 168 or self.ctas_per_sm != 1:
             text += f"r{self.maxnreg}p{self.ctas_per_sm}"
-        return text + ("" if self.split_release else "j") + ("" if self.document_major else "t")
+        flags = ("" if self.split_release else "j") + ("d" if self.document_major else "")
+        return text + flags + ("" if self.persistent else "g")
 
 
 # max(D, Dv) -> tile. Two consumer warpgroups of 64 rows each, FA3's 240/24 register split.
@@ -154,7 +158,8 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     positions, layout_args = sequence_args(layout)
     softcap = options.softcap if options.softcap > 0.0 else 1.0
     seq, blk, count = _work_list(layout, num_rows, tile.block_m, tile.document_major)
-    grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, seq.shape[0] * num_heads),)
+    items = seq.shape[0] * num_heads  # the work list's capacity: programs past count[0] return
+    grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, items) if tile.persistent else items,)
     attention_fwd_kernel[grid](
         q,
         k,

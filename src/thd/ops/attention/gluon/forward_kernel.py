@@ -1,9 +1,9 @@
 """Warp-specialized Gluon forward attention for Hopper (sm_90), FlashAttention-3's structure.
 
-Persistent: ``G`` programs (one per SM) take work items ``p, p + G, ...`` of a list built on the
-device from the offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, each sequence's from the
-last down, the list walked once per K/V head so that programs running together share K/V in L2),
-so short documents leave no empty programs and nothing syncs with the host.
+``G`` programs take work items ``p, p + G, ...`` of a list built on the device from the offsets
+(``schedule.py``: query tiles of ``BLOCK_M`` rows, tile-major or document-major), so short documents
+leave no empty programs and nothing syncs with the host: one persistent program per SM, or one
+program per item of the list's capacity (those past the count return at once).
 Before the warp-specialized region the programs write every padding row (``out`` 0, ``lse`` -inf)
 between them, as the ``tl`` kernel does; the cost is proportional to the padding. Then:
 
@@ -451,7 +451,7 @@ def attention_fwd_kernel(
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     SPLIT_RELEASE: gl.constexpr, DOCUMENT_MAJOR: gl.constexpr,
 ):  # fmt: skip
-    """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
+    """Program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
     list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads; the list's order
     and the heads' place in it follow ``DOCUMENT_MAJOR``, see ``_work_item``)."""
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
