@@ -83,7 +83,9 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
         "NUM_WG": 2,
         "CONSUMER_REGS": 240,
         "SPLIT_RELEASE": True,
-        "DOCUMENT_MAJOR": True,
+        "DOCUMENT_MAJOR": False,
+        "PUBLISH_ITEMS": True,
+        "SLOTS": True,
     }
     meta.update(flags)
     num_warps = 4 if meta["NUM_WG"] == 2 else 8
@@ -117,7 +119,10 @@ CONFIGS: dict[str, Config] = {
     # forward
     "d128-causal-bf16": _forward(),
     "d128-causal-bf16-one-consumer": _forward(NUM_WG=1),
-    "d128-causal-bf16-joint-release": _forward(SPLIT_RELEASE=False, DOCUMENT_MAJOR=False),
+    "d128-causal-bf16-joint-release": _forward(SPLIT_RELEASE=False),
+    "d128-causal-bf16-document-major": _forward(DOCUMENT_MAJOR=True),
+    "d128-causal-bf16-consumers-walk-list": _forward(PUBLISH_ITEMS=False),
+    "d128-causal-bf16-producer32": _forward(PRODUCER_REGS=32),
     "d64-fp16": _forward(64, 64, "fp16", HAS_RIGHT=False, STAGES=3),
     "d128-variants-bf16": _forward(
         HAS_LEFT=True, HAS_POSITIONS=True, SOFTCAP=True, HAS_SINKS=True, ACCUMULATE=True, FOLD_SCALE=False

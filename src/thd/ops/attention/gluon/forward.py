@@ -57,6 +57,10 @@ class GluonTile(WarpSpecializedTile):
     # One program per work item (the hardware hands items to SMs as they free up; name suffix
     # "g"); True: one persistent program per SM taking every G-th item.
     persistent: bool = True
+    # The producer hands each work item's geometry to the consumers through shared memory (read
+    # once Q's barrier completes), so they never wait on the offsets' global loads; False: every
+    # partition reads the list and offsets itself (name suffix "l").
+    publish_items: bool = True
 
     @property
     def name(self) -> str:
@@ -64,7 +68,7 @@ class GluonTile(WarpSpecializedTile):
         if self.maxnreg != 168 or self.ctas_per_sm != 1:
             text += f"r{self.maxnreg}p{self.ctas_per_sm}"
         flags = ("" if self.split_release else "j") + ("d" if self.document_major else "")
-        return text + flags + ("" if self.persistent else "g")
+        return text + flags + ("" if self.persistent else "g") + ("" if self.publish_items else "l")
 
 
 # max(D, Dv) -> tile. Two consumer warpgroups of 64 rows each, FA3's 240/24 register split.
