@@ -203,6 +203,8 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
         CONSUMER_REGS=tile.consumer_regs,
         SPLIT_RELEASE=tile.split_release,
         DOCUMENT_MAJOR=tile.document_major,
+        PUBLISH_ITEMS=tile.publish_items,
+        SLOTS=layout.cu_seqlens_q_padded is not None,
         num_warps=tile.num_warps,
         maxnreg=tile.maxnreg,
     )
