@@ -4,9 +4,7 @@ when ``flash_attn.cute`` imports), on the table rows of issue 24.
 bf16, 16 heads, causal documents with uniform random lengths in a mix, packed or in slots rounded up
 to a multiple of rows; TFLOP/s counted on real tokens; each provider's calls back to back between
 one pair of CUDA events (``_common.bench_back_to_back``). ``--tiles64``/``--tiles128`` sweep
-Gluon tiles (``BMxBNwWARPSsSTAGEScCONSUMERS[rREGSpCTAS][j][d][g][l]``, ``j``: K and V released
-together, ``d``: the document-major work list, ``g``: one program per work item, ``l``: consumers
-read the work list themselves). Every Gluon
+Gluon tiles (``BMxBNwWARPSsSTAGEScCONSUMERS[rREGSpCTAS][j]``, ``j``: K and V released together). Every Gluon
 output is checked against the ``tl`` output on real rows before it is timed. Writes one JSON
 document (command, commit, GPU, versions, records) after every row.
 
@@ -48,16 +46,15 @@ ROWS = (
 
 
 def _tile(text: str) -> gluon_forward.GluonTile:
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)c(\d)(?:r(\d+)p(\d))?(j?)(d?)(g?)(l?)", text)
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)c(\d)(?:r(\d+)p(\d))?(j?)", text)
     if m is None:
         raise argparse.ArgumentTypeError(
-            f"expected BMxBNwWARPSsSTAGEScCONSUMERS[rMAXNREGpCTAS][j][d][g][l], got {text!r}"
+            f"expected BMxBNwWARPSsSTAGEScCONSUMERS[rMAXNREGpCTAS][j], got {text!r}"
         )
-    bm, bn, warps, stages, consumers, maxnreg, ctas, joint, document, grid, walk = m.groups()
+    bm, bn, warps, stages, consumers, maxnreg, ctas, joint = m.groups()
     return gluon_forward.GluonTile(
         int(bm), int(bn), int(warps), int(stages), int(consumers),
         maxnreg=int(maxnreg or 168), ctas_per_sm=int(ctas or 1), split_release=not joint,
-        document_major=bool(document), persistent=not grid, publish_items=not walk,
     )  # fmt: skip
 
 

@@ -1,7 +1,6 @@
 """The persistent Gluon forward's work list (``thd.ops.attention.gluon.schedule``), built by its
 ``tl`` kernel (the interpreter on CPU), against a Python oracle: every (sequence, query tile) once,
-document-major (sequences in order, each one's tiles from the last down) or tile-major (tile index
-descending, sequences in order within one index); nothing written past the capacity."""
+tile index descending, sequences in order within one index; nothing written past the capacity."""
 
 from __future__ import annotations
 
@@ -11,17 +10,13 @@ import torch
 from thd.ops.attention.gluon.schedule import build_work_list
 
 
-def _oracle(lens: list[int], block_m: int, document_major: bool) -> list[tuple[int, int]]:
+def _oracle(lens: list[int], block_m: int) -> list[tuple[int, int]]:
     tiles = [(-(-n // block_m)) for n in lens]
-    if document_major:
-        return [(b, m) for b, n in enumerate(tiles) for m in reversed(range(n))]
     top = max(tiles, default=0)
     return [(b, m) for m in reversed(range(top)) for b, n in enumerate(tiles) if n > m]
 
 
-def _build(
-    lens: list[int], pads: list[int], block_m: int, capacity: int, document_major: bool
-) -> tuple[list, int, torch.Tensor]:
+def _build(lens: list[int], pads: list[int], block_m: int, capacity: int) -> tuple[list, int, torch.Tensor]:
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     slots = [n + p for n, p in zip(lens, pads, strict=True)]
     cup = torch.tensor([0, *torch.tensor(slots).cumsum(0).tolist()], dtype=torch.int32)
@@ -32,31 +27,28 @@ def _build(
         buffer[2 * capacity : 2 * capacity + 1],
     )
     build_work_list[(len(lens),)](
-        cu, cup, seq, blk, count, len(lens), int(cup[-1]), capacity, BLOCK_M=block_m, BLOCK_B=4, BLOCK_T=2,
-        DOCUMENT_MAJOR=document_major,
-    )  # fmt: skip
+        cu, cup, seq, blk, count, len(lens), int(cup[-1]), capacity, BLOCK_M=block_m, BLOCK_B=4, BLOCK_T=2
+    )
     n = int(count[0])
     return list(zip(seq[:n].tolist(), blk[:n].tolist(), strict=True)), n, buffer
 
 
-@pytest.mark.parametrize("document_major", [True, False])
 @pytest.mark.parametrize(
     ("lens", "pads"),
     [([300, 1, 128, 0, 517, 64], [0] * 6), ([5, 129, 700, 3, 3, 256, 1000], [3, 0, 1, 125, 0, 0, 24])],
 )
-def test_work_list_matches_oracle(lens: list[int], pads: list[int], document_major: bool) -> None:
+def test_work_list_matches_oracle(lens: list[int], pads: list[int]) -> None:
     block_m = 128
     capacity = sum(n + p for n, p in zip(lens, pads, strict=True)) // block_m + len(lens) + 1
-    items, n, buffer = _build(lens, pads, block_m, capacity, document_major)
-    assert items == _oracle(lens, block_m, document_major)
+    items, n, buffer = _build(lens, pads, block_m, capacity)
+    assert items == _oracle(lens, block_m)
     assert n == len(items)
     assert (buffer[2 * capacity + 1 :] == -7).all()  # nothing past the count slot
 
 
-@pytest.mark.parametrize("document_major", [True, False])
-def test_work_list_never_writes_past_capacity(document_major: bool) -> None:
+def test_work_list_never_writes_past_capacity() -> None:
     lens = [1000, 900]
-    items, n, buffer = _build(lens, [0, 0], 64, 5, document_major)
+    items, n, buffer = _build(lens, [0, 0], 64, 5)
     assert n == 5
     assert (buffer[11:] == -7).all()
-    assert set(items) <= set(_oracle(lens, 64, document_major))
+    assert set(items) <= set(_oracle(lens, 64))

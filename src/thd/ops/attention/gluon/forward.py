@@ -51,24 +51,13 @@ class GluonTile(WarpSpecializedTile):
     # Release a stage's K once its Q K^T completed, its V once its P V did; False: both after the
     # P V (the schedule before; name suffix "j").
     split_release: bool = True
-    # Work list by sequence, walked once per K/V head (programs running together share K/V in L2;
-    # name suffix "d"); False: by tile index over all sequences, heads innermost (longest first).
-    document_major: bool = False
-    # One program per work item (the hardware hands items to SMs as they free up; name suffix
-    # "g"); True: one persistent program per SM taking every G-th item.
-    persistent: bool = True
-    # The producer hands each work item's geometry to the consumers through shared memory (read
-    # once Q's barrier completes), so they never wait on the offsets' global loads; False: every
-    # partition reads the list and offsets itself (name suffix "l").
-    publish_items: bool = True
 
     @property
     def name(self) -> str:
         text = f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}c{self.consumers}"
         if self.maxnreg != 168 or self.ctas_per_sm != 1:
             text += f"r{self.maxnreg}p{self.ctas_per_sm}"
-        flags = ("" if self.split_release else "j") + ("d" if self.document_major else "")
-        return text + flags + ("" if self.persistent else "g") + ("" if self.publish_items else "l")
+        return text if self.split_release else text + "j"
 
 
 # max(D, Dv) -> tile. Two consumer warpgroups of 64 rows each, FA3's 240/24 register split.
@@ -82,9 +71,7 @@ def tile_for(head_dim: int, head_dim_v: int) -> GluonTile:
     return TILES[max(head_dim, head_dim_v)]
 
 
-def _work_list(
-    layout: VarlenLayout, num_rows: int, block_m: int, document_major: bool
-) -> tuple[Tensor, Tensor, Tensor]:
+def _work_list(layout: VarlenLayout, num_rows: int, block_m: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(seq, blk, count)`` of :func:`schedule.build_work_list` in one int32 allocation; its
     capacity bounds the query tiles of any valid layout (``rows / block_m + sequences``)."""
     from thd.ops.attention.gluon.schedule import build_work_list
@@ -105,7 +92,6 @@ def _work_list(
         BLOCK_M=block_m,
         BLOCK_B=64,
         BLOCK_T=32,
-        DOCUMENT_MAJOR=document_major,
         num_warps=4,
     )
     return seq, blk, count
@@ -161,9 +147,8 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     tile = tile_for(q.shape[2], v.shape[2])
     positions, layout_args = sequence_args(layout)
     softcap = options.softcap if options.softcap > 0.0 else 1.0
-    seq, blk, count = _work_list(layout, num_rows, tile.block_m, tile.document_major)
-    items = seq.shape[0] * num_heads  # the work list's capacity: programs past count[0] return
-    grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, items) if tile.persistent else items,)
+    seq, blk, count = _work_list(layout, num_rows, tile.block_m)
+    grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, seq.shape[0] * num_heads),)
     attention_fwd_kernel[grid](
         q,
         k,
@@ -202,8 +187,6 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
         NUM_WG=tile.consumers,
         CONSUMER_REGS=tile.consumer_regs,
         SPLIT_RELEASE=tile.split_release,
-        DOCUMENT_MAJOR=tile.document_major,
-        PUBLISH_ITEMS=tile.publish_items,
         SLOTS=layout.cu_seqlens_q_padded is not None,
         num_warps=tile.num_warps,
         maxnreg=tile.maxnreg,

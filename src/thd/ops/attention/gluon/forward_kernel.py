@@ -1,9 +1,8 @@
 """Warp-specialized Gluon forward attention for Hopper (sm_90), FlashAttention-3's structure.
 
-``G`` programs take work items ``p, p + G, ...`` of a list built on the device from the offsets
-(``schedule.py``: query tiles of ``BLOCK_M`` rows, tile-major or document-major), so short documents
-leave no empty programs and nothing syncs with the host: one persistent program per SM, or one
-program per item of the list's capacity (those past the count return at once).
+Persistent: ``G`` programs (one per SM) take work items ``p, p + G, ...`` of a list built on the
+device from the offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, tile index descending,
+heads innermost), so short documents leave no empty programs and nothing syncs with the host.
 Before the warp-specialized region the programs write every padding row (``out`` 0, ``lse`` -inf)
 between them, as the ``tl`` kernel does; the cost is proportional to the padding. Then:
 
@@ -91,27 +90,15 @@ def _fill_padding(
 
 @gluon.jit
 def _work_item(
-    w, seq_ptr, blk_ptr, num_items, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
-    pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-    GROUP: gl.constexpr, DOCUMENT_MAJOR: gl.constexpr,
+    w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+    rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
-    """Work item ``w``: its head, query tile, the sequence's query and key spans, its visible band
-    ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or placed by the
-    positions) and the query tile's key tiles ``(a, b, c, end)`` (``key_tiles``).
-
-    ``DOCUMENT_MAJOR``: the list of ``num_items`` query tiles once per K/V head, the ``GROUP`` query
-    heads sharing it innermost, so programs that run together read the same K/V; else every item's
-    heads innermost."""
-    if DOCUMENT_MAJOR:
-        per_kv_head = num_items * GROUP
-        kv_head = w // per_kv_head
-        rest = w - kv_head * per_kv_head
-        item = rest // GROUP
-        head = kv_head * GROUP + (rest - item * GROUP)
-    else:
-        item = w // num_heads
-        head = w - item * num_heads
+    """Work item ``w`` (heads innermost): its head, query tile, the sequence's query and key spans,
+    its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
+    placed by the positions) and the query tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
+    item = w // num_heads
+    head = w - item * num_heads
     b = gl.load(seq_ptr + item)
     m_block = gl.load(blk_ptr + item)
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
@@ -124,46 +111,6 @@ def _work_item(
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
     )  # fmt: skip
     return head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi, a, b, c, end
-
-
-ITEM_FIELDS = gl.constexpr(32)  # one int64 per lane of the producer warp; 11 are used
-
-
-@gluon.jit
-def _publish_item(buf, fields):
-    """Write one work item's ``fields`` (a tuple of integers) to the shared-memory slot ``buf``
-    for the consumers, then synchronise the writing warps so the Q barrier's arrive follows them."""
-    line: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    offs = gl.arange(0, ITEM_FIELDS, layout=line)
-    values = gl.zeros([ITEM_FIELDS], gl.int64, layout=line)
-    for i in gl.static_range(len(fields)):
-        values = gl.where(offs == i, fields[i].to(gl.int64), values)
-    buf.store(values)
-    cta_barrier()
-
-
-@gluon.jit
-def _read_item(buf, HAS_POSITIONS: gl.constexpr):
-    """The fields :func:`_publish_item` wrote for this item: ``(head, m_block, q_start, seqlen_q,
-    seqlen_k, d_lo, d_hi, a, b_full, c_full, end)``, with the types ``_work_item`` gives them."""
-    line: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    offs = gl.arange(0, ITEM_FIELDS, layout=line)
-    values = buf.load(line)
-    head = gl.sum(gl.where(offs == 0, values, 0), axis=0).to(gl.int32)
-    m_block = gl.sum(gl.where(offs == 1, values, 0), axis=0).to(gl.int32)
-    q_start = gl.sum(gl.where(offs == 2, values, 0), axis=0)
-    seqlen_q = gl.sum(gl.where(offs == 3, values, 0), axis=0).to(gl.int32)
-    seqlen_k = gl.sum(gl.where(offs == 4, values, 0), axis=0).to(gl.int32)
-    d_lo = gl.sum(gl.where(offs == 5, values, 0), axis=0)
-    d_hi = gl.sum(gl.where(offs == 6, values, 0), axis=0)
-    if not HAS_POSITIONS:  # the band is int32 unless int64 positions place it
-        d_lo = d_lo.to(gl.int32)
-        d_hi = d_hi.to(gl.int32)
-    a = gl.sum(gl.where(offs == 7, values, 0), axis=0).to(gl.int32)
-    b_full = gl.sum(gl.where(offs == 8, values, 0), axis=0).to(gl.int32)
-    c_full = gl.sum(gl.where(offs == 9, values, 0), axis=0).to(gl.int32)
-    end = gl.sum(gl.where(offs == 10, values, 0), axis=0).to(gl.int32)
-    return head, m_block, q_start, seqlen_q, seqlen_k, d_lo, d_hi, a, b_full, c_full, end
 
 
 # ----------------------------------------------------------------------------- producer
@@ -226,24 +173,17 @@ def _load_item(item, kv_head, q_buf, q_full, ring, it):
 
 @gluon.jit
 def _producer(
-    args,
-    GROUP: gl.constexpr,
-    HAS_POSITIONS: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    DOCUMENT_MAJOR: gl.constexpr,
-    PUBLISH_ITEMS: gl.constexpr,
+    args, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr
 ):
-    """The copies of this program's work items, in the order the consumer reads them (with
-    ``PUBLISH_ITEMS`` each item's geometry goes to ``item_smem`` for the consumers as well). Q and the
+    """The copies of this program's work items, in the order the consumer reads them. Q and the
     descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
     consumer to release that buffer's Q, which it does once it has read every tile of that item.
     Tile shapes come from the shared-memory buffers."""
     (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, item_smem,
-        seq_ptr, blk_ptr, num_items, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
-        pos_k_ptr, rows_q, rows_k, window_left, window_right,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
+        seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+        rows_q, rows_k, window_left, window_right,
     ) = args  # fmt: skip
     ring = (k_smem, v_smem, k_full, v_full, k_empty, v_empty)
     it = 0
@@ -251,18 +191,12 @@ def _producer(
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
-        head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
-            w, seq_ptr, blk_ptr, num_items, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
-            pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT,
-            HAS_RIGHT, GROUP, DOCUMENT_MAJOR,
+        head, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
+            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
         qi = t & 1
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
-        if PUBLISH_ITEMS:  # read by the consumers once Q's barrier completes
-            _publish_item(
-                item_smem.index(qi),
-                (head, m_block, q_start, seqlen_q, seqlen_k, d_lo, d_hi, a, b_full, c_full, end),
-            )
         item = (
             q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
             head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
@@ -359,18 +293,17 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
 def _consumer(
     args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
-    WG: gl.constexpr, NUM_WG: gl.constexpr, SPLIT_RELEASE: gl.constexpr, GROUP: gl.constexpr,
-    DOCUMENT_MAJOR: gl.constexpr, PUBLISH_ITEMS: gl.constexpr,
+    WG: gl.constexpr, NUM_WG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
     span), release each stage's K and V once each (the empty barriers count two arrivals) and take
     turns issuing. Tile shapes come from the shared-memory buffers."""
     (
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, item_smem, out_ptr,
-        lse_ptr, sinks_ptr, stride_ot, stride_oh, stride_lse_h,
-        seq_ptr, blk_ptr, num_items, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
-        pos_k_ptr, rows_q, rows_k, window_left, window_right, sm_scale, softcap,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
+        sinks_ptr, stride_ot, stride_oh, stride_lse_h,
+        seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+        rows_q, rows_k, window_left, window_right, sm_scale, softcap,
     ) = args  # fmt: skip
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -393,18 +326,10 @@ def _consumer(
     t = 0
     k = 0
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
-        qi = t & 1
-        if PUBLISH_ITEMS:  # the producer's copy of the item, written before Q's barrier completed
-            mbarrier.wait(q_bars.index(qi), (t >> 1) & 1)
-            head, m_block, q_start, seqlen_q, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _read_item(
-                item_smem.index(qi), HAS_POSITIONS
-            )
-        else:
-            head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
-                w, seq_ptr, blk_ptr, num_items, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
-                pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M,
-                BLOCK_N, HAS_LEFT, HAS_RIGHT, GROUP, DOCUMENT_MAJOR,
-            )  # fmt: skip
+        head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
+            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+        )  # fmt: skip
         out_base = out_ptr + head * stride_oh + q_start * stride_ot
         lse_base = lse_ptr + head * stride_lse_h + q_start
         rows = m_block * BLOCK_M + WG * ROWS + gl.arange(0, ROWS, layout=row_s)
@@ -423,11 +348,11 @@ def _consumer(
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
             l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
             acc = gl.zeros([ROWS, HEAD_DIM_V], gl.float32, layout=o_layout)
+        qi = t & 1
         q_buf = q_smem.index(qi)
         if NUM_WG == 2:
             q_buf = q_buf.slice(WG * ROWS, ROWS, dim=0)
-        if not PUBLISH_ITEMS:
-            mbarrier.wait(q_bars.index(qi), (t >> 1) & 1)
+        mbarrier.wait(q_bars.index(qi), (t >> 1) & 1)
         num_tiles = gl.cdiv(end - a, BLOCK_N)
         if num_tiles > 0:
             s_idx = it % STAGES
@@ -505,19 +430,16 @@ def attention_fwd_kernel(
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    SPLIT_RELEASE: gl.constexpr, DOCUMENT_MAJOR: gl.constexpr, PUBLISH_ITEMS: gl.constexpr,
-    SLOTS: gl.constexpr,
+    SPLIT_RELEASE: gl.constexpr, SLOTS: gl.constexpr,
 ):  # fmt: skip
-    """Program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
-    list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads; the list's order
-    and the heads' place in it follow ``DOCUMENT_MAJOR``, see ``_work_item``)."""
+    """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
+    list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
         _fill_padding(
             out_ptr, lse_ptr, stride_ot, stride_oh, stride_lse_h, cu_q_ptr, cup_q_ptr, num_seqs, num_heads,
             rows_q, HEAD_DIM_V, SLOTS,
         )  # fmt: skip
-    num_items = gl.load(count_ptr)
-    total = num_items * num_heads
+    total = gl.load(count_ptr) * num_heads
 
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
@@ -532,8 +454,6 @@ def attention_fwd_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    item_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # of one slot
-    item_smem = gl.allocate_shared_memory(gl.int64, [2, ITEM_FIELDS], item_layout)  # by Q's parity
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(q_bars.index(2 + i), count=NUM_WG)
@@ -549,28 +469,25 @@ def attention_fwd_kernel(
     # ("Shape element 0 must have type constexpr[int]"): the tuples bound here hold values only, the
     # constexprs are spelled out in each entry.
     consumer = (
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, item_smem, out_ptr,
-        lse_ptr, sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, num_items, total, num_heads,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
+        sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
         cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
         window_left, window_right, sm_scale, softcap,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, item_smem, seq_ptr, blk_ptr,
-        num_items, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q,
-        rows_k, window_left, window_right,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, seq_ptr, blk_ptr, total,
+        num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+        window_left, window_right,
     )  # fmt: skip
     if NUM_WG == 2:  # two 4-warp consumer partitions taking turns, and the producer warp
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 2, SPLIT_RELEASE, GROUP, DOCUMENT_MAJOR,
-                             PUBLISH_ITEMS)),
+                             ACCUMULATE, 0, 2, SPLIT_RELEASE)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 2, SPLIT_RELEASE, GROUP, DOCUMENT_MAJOR,
-                             PUBLISH_ITEMS)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, DOCUMENT_MAJOR,
-                             PUBLISH_ITEMS)),
+                             ACCUMULATE, 1, 2, SPLIT_RELEASE)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -579,10 +496,8 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 1, SPLIT_RELEASE, GROUP, DOCUMENT_MAJOR,
-                             PUBLISH_ITEMS)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, DOCUMENT_MAJOR,
-                             PUBLISH_ITEMS)),
+                             ACCUMULATE, 0, 1, SPLIT_RELEASE)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
             [PRODUCER_REGS],

@@ -1,19 +1,11 @@
 """The persistent forward's work list, built on the device from ``cu_seqlens`` (no host sync).
 
-One item per (sequence, query tile): ``seq[i]``, ``blk[i]`` for ``i < count[0]``, in one of two
-orders, computed per item by one program per sequence, so the list costs one small launch:
-
-- ``DOCUMENT_MAJOR`` (what the forward uses): sequences in order, each one's tiles from the highest
-  index down. Item ``(b, m)`` lands at ``#{tiles of b' < b} + (n_b - 1 - m)``. The kernel walks the
-  list once per head, so programs running at the same time read the K/V of one or two (sequence,
-  head) pairs, which stay in L2;
-- tile-major: tile index from the highest down over all sequences (under a causal mask a tile
-  ``m`` sees ``m + 1`` key tiles, so this is longest first), sequences in order within one index:
-  ``#{items with a higher tile index} + #{b' < b with more than m tiles}``. Running programs then
-  read as many (sequence, head) pairs as there are programs, more than L2 holds.
-
-Lengths are clamped as the attention kernels clamp them (``geometry.span``) and nothing is written
-past ``capacity``.
+One item per (sequence, query tile): ``seq[i]``, ``blk[i]`` for ``i < count[0]``, ordered by tile
+index from the highest down (under a causal mask a sequence's tile ``m`` sees ``m + 1`` key tiles,
+so this is longest first), sequences in order within one tile index. Item ``(b, m)`` lands at
+``#{items with a higher tile index} + #{b' < b with more than m tiles}``, computed per item by one
+program per sequence, so the list costs one small launch. Lengths are clamped as the attention
+kernels clamp them (``geometry.span``) and nothing is written past ``capacity``.
 """
 
 from __future__ import annotations
@@ -46,34 +38,24 @@ def build_work_list(
     BLOCK_M: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    DOCUMENT_MAJOR: tl.constexpr,
 ):
     b = tl.program_id(0)
     me = b + tl.zeros([1], tl.int32)
     own = tl.sum(_num_tiles(cu_ptr, cup_ptr, me, me < num_seqs, num_rows, BLOCK_M), 0)
     offs_b = tl.arange(0, BLOCK_B)
     offs_t = tl.arange(0, BLOCK_T)
-    earlier_tiles = tl.zeros([1], tl.int64)  # tiles of the sequences before b
-    if DOCUMENT_MAJOR:
-        for c0 in range(0, num_seqs, BLOCK_B):
-            others = c0 + offs_b
-            n = _num_tiles(cu_ptr, cup_ptr, others, others < b, num_rows, BLOCK_M)
-            earlier_tiles += tl.sum(n.to(tl.int64), 0)
     for t0 in range(0, own, BLOCK_T):
         tiles = t0 + offs_t
-        if DOCUMENT_MAJOR:
-            pos = earlier_tiles + (own - 1 - tiles).to(tl.int64)
-        else:
-            higher = tl.zeros([BLOCK_T], tl.int64)  # items with a higher tile index
-            before = tl.zeros([BLOCK_T], tl.int64)  # sequences before b with this tile
-            for c0 in range(0, num_seqs, BLOCK_B):
-                others = c0 + offs_b
-                n = _num_tiles(cu_ptr, cup_ptr, others, others < num_seqs, num_rows, BLOCK_M)
-                above = tl.maximum(n[None, :] - 1 - tiles[:, None], 0)
-                higher += tl.sum(above.to(tl.int64), 1)
-                earlier = (n[None, :] > tiles[:, None]) & (others[None, :] < b)
-                before += tl.sum(earlier.to(tl.int64), 1)
-            pos = higher + before
+        higher = tl.zeros([BLOCK_T], tl.int64)  # items with a higher tile index
+        before = tl.zeros([BLOCK_T], tl.int64)  # sequences before b with this tile
+        for c0 in range(0, num_seqs, BLOCK_B):
+            others = c0 + offs_b
+            n = _num_tiles(cu_ptr, cup_ptr, others, others < num_seqs, num_rows, BLOCK_M)
+            above = tl.maximum(n[None, :] - 1 - tiles[:, None], 0)
+            higher += tl.sum(above.to(tl.int64), 1)
+            earlier = (n[None, :] > tiles[:, None]) & (others[None, :] < b)
+            before += tl.sum(earlier.to(tl.int64), 1)
+        pos = higher + before
         ok = (tiles < own) & (pos < capacity)
         tl.store(seq_ptr + pos, b + tl.zeros([BLOCK_T], tl.int32), mask=ok)
         tl.store(blk_ptr + pos, tiles, mask=ok)
