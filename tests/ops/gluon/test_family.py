@@ -15,10 +15,10 @@ from thd.ops.attention.params import (
 )
 
 
-def _calls(dim: int) -> tuple[ForwardCall, BackwardCall]:
+def _calls(dim: int, max_seqlen: int | None = 7) -> tuple[ForwardCall, BackwardCall]:
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     q, k, v = (torch.randn(12, 2, dim, dtype=torch.bfloat16) for _ in range(3))
-    layout = VarlenLayout(cu, cu, max_seqlen_q=7, max_seqlen_kv=7)
+    layout = VarlenLayout(cu, cu, max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
     options = AttentionOptions(dim**-0.5, causal=True)
     lse = torch.zeros(2, 12)
     saved = SavedForBackward(q, k, v, torch.zeros_like(q), lse)
@@ -35,6 +35,11 @@ def test_cpu_calls_are_not_supported() -> None:
 def test_auto_preference_follows_the_measurements() -> None:
     for dim in (64, 128):
         forward, backward = _calls(dim)
-        assert not family.auto_forward(forward)
+        assert not family.auto_forward(forward)  # short documents: tl measured faster
         assert family.auto_backward(backward) == (dim in family.AUTO_BACKWARD_HEAD_DIMS)
     assert family.AUTO_BACKWARD_HEAD_DIMS == (128,)
+    # the forward: head dim 128 and a stated max_seqlen_q above 1024 tokens
+    assert family.auto_forward(_calls(128, max_seqlen=1025)[0])
+    assert not family.auto_forward(_calls(128, max_seqlen=1024)[0])
+    assert not family.auto_forward(_calls(128, max_seqlen=None)[0])  # unknown: never read back
+    assert not family.auto_forward(_calls(64, max_seqlen=8192)[0])

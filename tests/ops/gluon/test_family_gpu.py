@@ -15,6 +15,7 @@ from thd.ops.attention import kernel_choice
 pytestmark = pytest.mark.gpu
 
 LAYOUT = make_layout("slots", [300, 1, 128, 77, 517], pad_q=[84, 127, 0, 51, 123], capacity_q=5)
+LONG = make_layout("long", [1500, 40, 700], pad_q=[12, 0, 3], capacity_q=7)  # max_seqlen above 1024
 TOL = {torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
 
@@ -24,13 +25,15 @@ def _sm90() -> None:
         pytest.skip("needs an sm_90 GPU")
 
 
-def _step(family: str, monkeypatch: pytest.MonkeyPatch, dim: int, dtype: torch.dtype, compiled: bool):  # type: ignore[no-untyped-def]
+def _step(
+    family: str, monkeypatch: pytest.MonkeyPatch, dim: int, dtype: torch.dtype, compiled: bool, layout=LAYOUT
+):  # type: ignore[no-untyped-def]
     monkeypatch.setenv("THD_KERNELS", family)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = make_qkv(LAYOUT, 8, 2, dim, dim, dtype, "cuda", generator=gen)
+    q, k, v, do = make_qkv(layout, 8, 2, dim, dim, dtype, "cuda", generator=gen)
     for t in (q, k, v):
         t.requires_grad_()
-    kwargs = LAYOUT.kwargs("cuda")
+    kwargs = layout.kwargs("cuda")
 
     def call(q, k, v):  # type: ignore[no-untyped-def]
         return thd.attention(q, k, v, causal=True, **kwargs)
@@ -64,3 +67,15 @@ def test_auto_picks_the_measured_faster_family(monkeypatch: pytest.MonkeyPatch, 
     *_, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False)
     assert forward.family == "tl" and forward.reason == "gluon measured slower for the call"
     assert backward.family == ("gluon" if dim == 128 else "tl")
+    # documents above 1024 tokens (a stated max_seqlen_q): the Gluon forward at head dim 128
+    *auto, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False, LONG)
+    assert forward.family == ("gluon" if dim == 128 else "tl")
+    *tl, _ = _step("tl", monkeypatch, dim, torch.bfloat16, False, LONG)
+    for (name, side), a, t in zip(
+        {"out": "q", "dq": "q", "dk": "kv", "dv": "kv"}.items(), auto, tl, strict=True
+    ):
+        real = LONG.real_rows(side, "cuda")
+        assert_rows_equal(a, ~real, 0.0, f"auto {name} padding")
+        assert_close(
+            a[real], t[real], f"auto vs tl {name}", atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16]
+        )

@@ -5,10 +5,13 @@ their ``supports_*`` are :mod:`~thd.ops.attention.gluon.forward`'s and
 :mod:`~thd.ops.attention.gluon.backward`'s own.
 ``supports_*`` say whether the family can run a call (``THD_KERNELS=gluon`` runs it then);
 ``auto_*`` whether ``THD_KERNELS=auto`` should prefer it over ``tl`` for a supported call, from
-what was measured on the H200 (benchmarks/results/gluon-fwd.json, gluon-bwd-run2.json): the
-Gluon forward ran at 0.86-0.99x the tl forward on every measured workload, so ``auto`` keeps tl
-for the forward; the Gluon backward took 0.90x tl's time at head dim 128 and 1.17x at 64, so
-``auto`` takes it at 128 only.
+what was measured on the H200 in the same runs as tl (benchmarks/results/gluon-fwd-*.json,
+gluon-bwd-run2.json): the Gluon forward (K and V released apart, since 2d97471) ran at 1.05-1.16x
+tl's TFLOP/s at head dim 128 on documents of up to 4096 and 8192 tokens, but 0.85-0.90x on documents
+of 64-1024 tokens and 0.93-1.05x at head dim 64, so ``auto`` takes it at head dim 128 when the call
+states ``max_seqlen_q`` above 1024 (a host value: nothing is read from the device to decide); the
+Gluon backward took 0.90x tl's time at head dim 128 and 1.17x at 64, so ``auto`` takes it at 128
+only.
 """
 
 from __future__ import annotations
@@ -29,10 +32,17 @@ supports_backward = gluon_backward.supports_backward
 backward = gluon_backward.backward
 
 
+AUTO_FORWARD_HEAD_DIMS = (128,)
+"""Head dims whose Gluon forward measured faster than tl's on long documents."""
+AUTO_FORWARD_MIN_SEQLEN = 1024
+"""``auto`` takes the Gluon forward only when the call's ``max_seqlen_q`` is above this."""
+
+
 def auto_forward(call: ForwardCall) -> bool:
-    """Never: the tl forward measured faster everywhere (module docstring)."""
-    del call
-    return False
+    """Head dim 128 (``q`` and ``v``) and a stated ``max_seqlen_q`` above 1024 (module docstring)."""
+    longest = call.layout.max_seqlen_q
+    dims_ok = call.q.shape[2] in AUTO_FORWARD_HEAD_DIMS and call.v.shape[2] in AUTO_FORWARD_HEAD_DIMS
+    return dims_ok and longest is not None and longest > AUTO_FORWARD_MIN_SEQLEN
 
 
 def auto_backward(call: BackwardCall) -> bool:
