@@ -5,7 +5,8 @@ invalid layout may give garbage outputs but never reads or writes outside q, k, 
 the gradients. On CPU the interpreter runs the kernels on raw memory: before the clamp these
 layouts corrupted the heap and aborted the process. Inputs and accumulators are views into
 larger buffers whose other rows are canaries that must come back unchanged. On the GPU the
-same cases run under ``compute-sanitizer --tool memcheck`` (see ``make memcheck``).
+same cases run under ``compute-sanitizer --tool memcheck`` (see ``make memcheck``), on the ``tl``
+kernels (fp32, head dim 32) and on the Gluon kernels (``THD_KERNELS=gluon``, bf16, head dim 64).
 """
 
 from __future__ import annotations
@@ -33,23 +34,26 @@ INVALID = {
 
 
 def _canaried(
-    rows: int, heads: int, dim: int, device: str, *, value: Tensor | None = None
+    rows: int, heads: int, dim: int, device: str, *, value: Tensor | None = None, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
     """A ``[rows, heads, dim]`` view with 16 canary rows before and after it in one buffer."""
-    buf = torch.full((rows + 32, heads, dim), CANARY, device=device)
+    buf = torch.full((rows + 32, heads, dim), CANARY, device=device, dtype=dtype)
     view = buf[16 : 16 + rows]
     view.copy_(torch.randn(rows, heads, dim, device=device) if value is None else value)
     return buf, view
 
 
-def _run(name: str, device: str) -> None:
+def _run(name: str, device: str, dtype: torch.dtype = torch.float32, dim: int = 32) -> None:
     cu_list, cup_list = INVALID[name]
     cu = torch.tensor(cu_list, dtype=torch.int32, device=device)
     cup = None if cup_list is None else torch.tensor(cup_list, dtype=torch.int32, device=device)
     layout = VarlenLayout(cu, cu, cup, cup, 64, 64)
-    options = AttentionOptions(32**-0.5, causal=True)
-    buffers, (q, k, v, do) = zip(*(_canaried(ROWS, 2, 32, device) for _ in range(4)), strict=True)
-    out_buf, out = _canaried(ROWS, 2, 32, device, value=torch.zeros(ROWS, 2, 32, device=device))
+    options = AttentionOptions(dim**-0.5, causal=True)
+    buffers, (q, k, v, do) = zip(
+        *(_canaried(ROWS, 2, dim, device, dtype=dtype) for _ in range(4)), strict=True
+    )
+    zeros = torch.zeros(ROWS, 2, dim, device=device)
+    out_buf, out = _canaried(ROWS, 2, dim, device, value=zeros, dtype=dtype)
     lse_buf = torch.full((2, ROWS + 32), CANARY, device=device)
     lse = lse_buf[:, 16 : 16 + ROWS]
     lse.fill_(float("-inf"))
@@ -57,7 +61,7 @@ def _run(name: str, device: str) -> None:
     attention_forward(q, k, v, layout, options, accumulate=(out, lse))
     fresh_out, fresh_lse = attention_forward(q, k, v, layout, options)
     for deterministic in (False, True):
-        opts = AttentionOptions(32**-0.5, causal=True, deterministic=deterministic)
+        opts = AttentionOptions(dim**-0.5, causal=True, deterministic=deterministic)
         attention_backward(do, q, k, v, fresh_out, fresh_lse, layout, opts)
     if device == "cuda":
         torch.cuda.synchronize()
@@ -94,3 +98,12 @@ def test_invalid_layouts_stay_inside_tensors_gpu(
     if tma:
         _force_tma(monkeypatch)
     _run(name, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(INVALID))
+def test_invalid_layouts_stay_inside_tensors_gluon(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels need an sm_90 GPU")
+    monkeypatch.setenv("THD_KERNELS", "gluon")
+    _run(name, "cuda", torch.bfloat16, 64)
