@@ -29,6 +29,7 @@ from thd.errors import ThdError, ThdTypeError, ThdValueError
 from thd.layout import INT32_MAX
 from thd.ops.attention.checks import MAX_HEAD_DIM
 from thd.ops.attention.interface import attention
+from thd.ops.attention.keywords import ScoreArgs, Unpack
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func"]
 
@@ -79,25 +80,25 @@ def _last_dim(x: object) -> int | None:
     return x.shape[-1] if isinstance(x, Tensor) and x.dim() > 0 else None
 
 
+def _scores(**scores: Unpack[ScoreArgs]) -> ScoreArgs:
+    """The score keywords as one dict (a plain one: ``torch.compile`` builds no TypedDict)."""
+    return scores
+
+
 def _varlen(
     fn: str,
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    *,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float | None,
-    causal: bool,
-    window_size: object,
-    softcap: float,
+    cu_seqlens: tuple[Tensor, Tensor],
+    max_seqlens: tuple[int, int],
+    scores: ScoreArgs,
     deterministic: bool,
 ) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` of :func:`thd.attention` with FlashAttention's head-dim padding and causal window;
     thd's errors are prefixed by ``fn``."""
     head_dim, value_dim = _last_dim(q), _last_dim(v)
+    softmax_scale = scores.get("softmax_scale")
     if softmax_scale is None and head_dim:
         softmax_scale = head_dim**-0.5  # of the unpadded head dim, as in FlashAttention
     padded = (
@@ -108,21 +109,19 @@ def _varlen(
     )
     if padded:
         q, k, v = _pad_last(q), _pad_last(k), _pad_last(v)
+    causal = scores.get("causal", False)
+    window_size = _causal_window(scores.get("window_size", (-1, -1)), causal)
     try:
         out, lse = attention(
             q,
             k,
             v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q,
-            max_seqlen_kv=max_seqlen_k,
-            causal=causal,
-            softmax_scale=softmax_scale,
-            window_size=_causal_window(window_size, causal),  # type: ignore[arg-type]
-            softcap=softcap,
+            *cu_seqlens,
+            max_seqlen_q=max_seqlens[0],
+            max_seqlen_kv=max_seqlens[1],
             return_lse=True,
             deterministic=deterministic,
+            **{**scores, "softmax_scale": softmax_scale, "window_size": window_size},  # type: ignore[typeddict-item]
         )
     except ThdError as exc:
         raise type(exc)(f"{fn}: {exc}") from None
@@ -168,21 +167,9 @@ def flash_attn_varlen_func(
     """
     fn = "flash_attn_varlen_func"
     _check_unsupported(fn, dropout_p, alibi_slopes, block_table)
-    out, lse = _varlen(
-        fn,
-        q,
-        k,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        deterministic=deterministic,
-    )
+    scores = _scores(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap)
+    cu_seqlens, max_seqlens = (cu_seqlens_q, cu_seqlens_k), (max_seqlen_q, max_seqlen_k)
+    out, lse = _varlen(fn, q, k, v, cu_seqlens, max_seqlens, scores, deterministic)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -244,21 +231,9 @@ def flash_attn_func(
     seqlen_k = k.shape[1]
     cu_q = _dense_offsets(fn, batch, seqlen_q, q.device)
     cu_k = cu_q if seqlen_k == seqlen_q else _dense_offsets(fn, batch, seqlen_k, q.device)
-    out, lse = _varlen(
-        fn,
-        q.reshape(batch * seqlen_q, *q.shape[2:]),
-        k.reshape(batch * seqlen_k, *k.shape[2:]),
-        v.reshape(batch * seqlen_k, *v.shape[2:]),
-        cu_q,
-        cu_k,
-        max_seqlen_q=seqlen_q,
-        max_seqlen_k=seqlen_k,
-        softmax_scale=softmax_scale,
-        causal=causal,
-        window_size=window_size,
-        softcap=softcap,
-        deterministic=deterministic,
-    )
+    rows_q, rows_k, rows_v = (x.reshape(batch * x.shape[1], *x.shape[2:]) for x in (q, k, v))
+    scores = _scores(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap)
+    out, lse = _varlen(fn, rows_q, rows_k, rows_v, (cu_q, cu_k), (seqlen_q, seqlen_k), scores, deterministic)
     out = out.view(batch, seqlen_q, heads, out.shape[-1])
     if not return_attn_probs:
         return out

@@ -266,14 +266,17 @@ def check_layout_async(
     *,
     num_rows: int | None = None,
     cp_size: int = 1,
-) -> None:
+) -> bool:
     """With ``THD_VALIDATE=device``, assert the layout rules on the device (no sync); else nothing.
 
     For paths that must not read the device (``max_seqlen_*`` given, capture): see
-    :func:`set_device_validation`. Metadata is not checked here.
+    :func:`set_device_validation`. Metadata is not checked here. Returns whether the assertion
+    was queued (:func:`check_layout` then reads nothing).
     """
     if _on_device(cu_seqlens, cu_seqlens_padded):
         _assert_layout(fn, cu_seqlens, cu_seqlens_padded, num_rows, cp_size)
+        return True
+    return False
 
 
 def _assert_layout(
@@ -302,21 +305,21 @@ def check_layout(
     cu_seqlens: object,
     cu_seqlens_padded: object | None,
     *,
+    names: tuple[str, str] = ("cu_seqlens", "cu_seqlens_padded"),
     num_rows: int | None = None,
     cp_size: int = 1,
-    names: tuple[str, str] = ("cu_seqlens", "cu_seqlens_padded"),
 ) -> None:
-    """:func:`validate` with the caller's name ``fn`` and argument ``names`` in error messages."""
+    """:func:`validate` with the caller's name ``fn`` and argument ``names`` in error messages: the
+    metadata checks, then :func:`check_layout_async`'s device assertion or, where values may be
+    read, the host checks of one copy."""
     check_cu_metadata(fn, cu_seqlens, cu_seqlens_padded, names=names)
     check_cp(fn, cp_size)
     if num_rows is not None:
         check_num_rows(fn, num_rows, cp_size)
     assert isinstance(cu_seqlens, Tensor)
     assert cu_seqlens_padded is None or isinstance(cu_seqlens_padded, Tensor)
-    if _on_device(cu_seqlens, cu_seqlens_padded):
-        _assert_layout(fn, cu_seqlens, cu_seqlens_padded, num_rows, cp_size)
-        return
-    if not values_readable(cu_seqlens, cu_seqlens_padded):
+    on_device = check_layout_async(fn, cu_seqlens, cu_seqlens_padded, num_rows=num_rows, cp_size=cp_size)
+    if on_device or not values_readable(cu_seqlens, cu_seqlens_padded):
         return
     if cu_seqlens_padded is None:
         cu, cup = cu_seqlens.tolist(), None

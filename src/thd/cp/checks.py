@@ -10,12 +10,14 @@ from thd import layout as _layout
 from thd._capture import is_capturing
 from thd.cp.comm import RingComm, all_gather_ints
 from thd.errors import ThdDistributedError, ThdValueError
-from thd.ops.attention.arguments import check_sinks, resolve_options
+from thd.ops.attention.arguments import check_sinks
 from thd.ops.attention.checks import check_layout_tensors, check_max_seqlen, check_qkv
+from thd.ops.attention.keywords import ScoreArgs, score_options
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = [
     "check_metadata",
+    "check_scores",
     "check_shards",
     "check_values",
     "check_variants",
@@ -48,9 +50,18 @@ def check_variants(
     softcap: object,
     sinks: object,
 ) -> AttentionOptions:
+    """:func:`check_scores` of these values."""
+    scores = dict(
+        causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap, sinks=sinks
+    )
+    return check_scores(q, scores)  # type: ignore[arg-type]
+
+
+def check_scores(q: Tensor, scores: ScoreArgs) -> AttentionOptions:
     """The checks of :func:`thd.attention` for the scale, window, softcap and sinks (host only);
-    returns the resolved options (scale defaulted to ``D ** -0.5``)."""
-    options = resolve_options(_FN, q, causal, softmax_scale, window_size, softcap, False)
+    returns the resolved options (scale defaulted to ``D ** -0.5``, causal to True)."""
+    options = score_options(_FN, q, scores, causal=True)
+    sinks = scores.get("sinks")
     if sinks is not None:
         check_sinks(_FN, q, sinks)
     return options

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from thd.cp.document_partition import DocumentLayout
 from thd.errors import ThdTypeError, ThdValueError
+from thd.ops.attention.keywords import SCORE_ARGS, ScoreArgs, Unpack, check_keywords
 
 __all__ = ["document_attention"]
 
@@ -90,13 +91,9 @@ def document_attention(
     layout: DocumentLayout,
     *,
     group: dist.ProcessGroup | None = None,
-    causal: bool = True,
-    softmax_scale: float | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    sinks: Tensor | None = None,
     return_lse: bool = False,
     overlap: bool = True,
+    **scores: Unpack[ScoreArgs],
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Self-attention of this rank's buffer (``[layout.rows, H, D]`` from
     :func:`thd.cp.partition_documents`); differentiable.
@@ -106,9 +103,9 @@ def document_attention(
         layout: this rank's :class:`DocumentLayout` (``thd.cp.document_layout``).
         group: the CP process group (default: the world group; its size must be
             ``layout.cp_size``); used only when the plan has ring documents.
-        causal, softmax_scale, window_size, softcap, sinks: as for :func:`thd.attention` (windows
-            are over each whole document). ``sinks``' gradient on each rank is its part: sum it
-            over the group as for :func:`thd.cp.ring_attention`.
+        causal, softmax_scale, window_size, softcap, sinks: as for :func:`thd.attention` (but
+            ``causal`` defaults to True; windows are over each whole document). ``sinks``' gradient
+            on each rank is its part: sum it over the group as for :func:`thd.cp.ring_attention`.
         return_lse: also return the log-sum-exp of the scores.
         overlap: on CUDA, run the local documents on a side stream during the ring.
 
@@ -118,6 +115,7 @@ def document_attention(
         backward gives exact zeros on the padding rows of ``dq``, ``dk``, ``dv``.
     """
     fn = "document_attention"
+    check_keywords(fn, scores, SCORE_ARGS)
     if not isinstance(layout, DocumentLayout):
         raise ThdTypeError(
             f"{fn}: layout: expected a DocumentLayout (thd.cp.document_layout), got {type(layout).__name__}"
@@ -140,13 +138,7 @@ def document_attention(
             f"{fn}: group: expected {layout.cp_size} ranks (the plan's cp_size), "
             f"got {dist.get_world_size(group)}"
         )
-    variants: dict[str, object] = {
-        "causal": causal,
-        "softmax_scale": softmax_scale,
-        "window_size": window_size,
-        "softcap": softcap,
-        "sinks": sinks,
-    }
+    variants: dict[str, object] = {"causal": True, **scores}  # thd.attention's default is not causal
     split = layout.ring_rows
     parts: list[tuple[Tensor, Tensor]] = []
     local: tuple[Tensor, Tensor] | None = None

@@ -18,10 +18,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from thd.cp.launches import launch_backward, launch_forward
 from thd.cp.partition import partition, unpartition
 from thd.cp.plan import PlanRequest, RingPlan, build_plan
-from thd.cp.ring import launch_backward, launch_forward
-from thd.ops.attention.params import AttentionOptions, SavedForBackward, VarlenLayout
+from thd.ops.attention.keywords import (
+    SCORE_ARGS,
+    ScoreArgs,
+    Unpack,
+    check_keywords,
+    reference_options,
+)
+from thd.ops.attention.params import SavedForBackward, VarlenLayout
 from thd.ops.lse_merge import merge_partials
 
 __all__ = ["SimulatedRing", "simulate_ring_attention"]
@@ -60,14 +67,10 @@ def simulate_ring_attention(
     cu_seqlens_kv_padded: Tensor,
     *,
     cp_size: int,
-    causal: bool = True,
-    softmax_scale: float | None = None,
-    pad_between_seqs: bool = True,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    sinks: Tensor | None = None,
-    read_layout: bool = True,
     do: Tensor | None = None,
+    pad_between_seqs: bool = True,
+    read_layout: bool = True,
+    **scores: Unpack[ScoreArgs],
 ) -> SimulatedRing:
     """Run the ring's per-rank launches for all ``cp_size`` ranks on the global ``q, k, v``.
 
@@ -75,10 +78,12 @@ def simulate_ring_attention(
     laid out by ``cu_seqlens_*_padded``. ``read_layout`` is :class:`~thd.cp.plan.PlanRequest`'s
     (``True``: window pairs skipped from the layout's values, as on the validated path;
     ``False``: only those ruled out whatever the lengths, as under capture). Returns per-rank
-    shards of ``out``, ``lse`` and, with ``do``, ``dq, dk, dv`` (and ``dsinks`` parts).
+    shards of ``out``, ``lse`` and, with ``do``, ``dq, dk, dv`` (and ``dsinks`` parts). The score
+    keywords (``causal`` default True, ``softmax_scale``, ``window_size``, ``softcap``, ``sinks``)
+    are :func:`thd.cp.ring_attention`'s.
     """
-    cp = cp_size
-    scale = float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale)
+    check_keywords("simulate_ring_attention", scores, SCORE_ARGS)
+    cp, sinks = cp_size, scores.get("sinks")
     layout = VarlenLayout(
         cu_seqlens_q,
         cu_seqlens_kv,
@@ -87,7 +92,7 @@ def simulate_ring_attention(
         max_seqlen_q=_max_len(cu_seqlens_q),
         max_seqlen_kv=_max_len(cu_seqlens_kv),
     )
-    options = AttentionOptions(scale, causal, tuple(window_size), softcap)  # type: ignore[arg-type]
+    options = reference_options(q, scores, causal=True)
     plans = [
         build_plan(
             PlanRequest(

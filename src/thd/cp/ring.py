@@ -53,29 +53,23 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from thd._capture import is_capturing
 from thd.cp.checks import (
     check_metadata,
+    check_scores,
     check_shards,
     check_values,
-    check_variants,
     max_len,
     resolve_max_seqlen,
 )
 from thd.cp.comm import P2P, RingComm, resolve_group
+from thd.cp.launches import launch_backward, launch_forward
 from thd.cp.plan import Launch, PlanRequest, RingPlan, build_plan
 from thd.cp.transport import ring_comm
 from thd.errors import ThdError
-from thd.ops.attention.dispatch import backward_call, forward_call, runs_kernels
-from thd.ops.attention.params import (
-    AttentionOptions,
-    BackwardCall,
-    ForwardCall,
-    SavedForBackward,
-    VarlenLayout,
-)
+from thd.ops.attention.dispatch import runs_kernels
+from thd.ops.attention.keywords import SCORE_ARGS, ScoreArgs, Unpack, check_keywords
+from thd.ops.attention.params import AttentionOptions, SavedForBackward, VarlenLayout
 
 __all__ = [
     "RingAttentionFunction",
-    "launch_backward",
-    "launch_forward",
     "path_counts",
     "ring_attention",
     "window_counts",
@@ -132,39 +126,6 @@ def _host_reads_allowed(q: Tensor, max_seqlen_q: int | None, max_seqlen_kv: int 
 def _tag(step: int, kind: int) -> int:
     """Base p2p tag of a step's message kind; the tensors of one message take ``base + index``."""
     return 4 * step + 2 * kind
-
-
-def launch_forward(
-    launch: Launch,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    options: AttentionOptions,
-    sinks: Tensor | None = None,
-    accumulate: tuple[Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor]:
-    """``(out [Tq, Hq, Dv], lse [Hq, Tq] fp32)`` of one launch, zeros / ``-inf`` outside its rows;
-    with ``accumulate`` the launch is merged into that partial result in place instead.
-    ``sinks`` is used only when the launch carries them."""
-    carried = sinks if launch.sinks else None
-    return forward_call(
-        ForwardCall(q, k, v, launch.layout, launch.launch_options(options), carried, accumulate)
-    )
-
-
-def launch_backward(
-    launch: Launch,
-    do: Tensor,
-    saved: SavedForBackward,
-    options: AttentionOptions,
-    accumulate: tuple[Tensor, Tensor, Tensor] | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """``(dq, dk, dv, dsinks)`` of one launch from the merged ``out`` and ``lse``; ``dsinks``
-    (over the launch's real query rows) only when it carries the sinks. With
-    ``accumulate=(dq, dk, dv)`` (fp32) the gradients are added into those buffers instead."""
-    q, k, v, out, lse, sinks = saved
-    carried = SavedForBackward(q, k, v, out, lse, sinks if launch.sinks else None)
-    return backward_call(BackwardCall(do, carried, launch.layout, launch.launch_options(options), accumulate))
 
 
 def _exchange(
@@ -398,16 +359,12 @@ def ring_attention(
     cu_seqlens_kv_padded: Tensor | None,
     *,
     group: dist.ProcessGroup | None = None,
-    causal: bool = True,
-    softmax_scale: float | None = None,
     pad_between_seqs: bool | None = None,
     max_seqlen_q: int | None = None,
     max_seqlen_kv: int | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    sinks: Tensor | None = None,
     return_lse: bool = False,
     _overlap: bool = True,
+    **scores: Unpack[ScoreArgs],
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Context-parallel ring attention on this rank's THD shard; differentiable.
 
@@ -419,8 +376,8 @@ def ring_attention(
         cu_seqlens_q_padded, cu_seqlens_kv_padded: int32 ``[B+1]`` GLOBAL slot offsets, every
             slot a multiple of ``2 * cp`` long (``None``: the slots are the sequences).
         group: the context-parallel process group (default: the world group); its size is cp.
-        causal: causal self-attention (q and kv layouts must be identical); else every query
-            sees every key of its sequence.
+        causal: causal self-attention (default True; q and kv layouts must be identical); else
+            every query sees every key of its sequence.
         softmax_scale: defaults to ``D ** -0.5``.
         pad_between_seqs: whether the layout has padding under CP; ``None`` detects it with
             :func:`thd.padding.detect_pad_between_seqs` (``cp_size`` = group size). ``False``
@@ -475,9 +432,12 @@ def ring_attention(
     given = VarlenLayout(
         cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv
     )  # as passed: checked below
+    causal = scores.get("causal", True)
+    sinks = scores.get("sinks")
     try:
+        check_keywords(_FN, scores, SCORE_ARGS)
         check_metadata(q, k, v, given, causal)
-        options = check_variants(q, causal, softmax_scale, window_size, softcap, sinks)
+        options = check_scores(q, scores)
     except ThdError as exc:
         error = exc
     if sync_ok and cp > 1:

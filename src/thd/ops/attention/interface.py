@@ -25,9 +25,16 @@ from thd._capture import is_capturing
 from thd.layout import check_layout_async
 from thd.layout import validate as validate_layout
 from thd.ops.attention import schema
-from thd.ops.attention.arguments import check_call, resolve_options
+from thd.ops.attention.arguments import check_call
 from thd.ops.attention.checks import check_accumulator, check_saved_outputs
 from thd.ops.attention.dispatch import backward_call, forward_call, resolve_max_seqlens
+from thd.ops.attention.keywords import (
+    ATTENTION_ARGS,
+    AttentionArgs,
+    Unpack,
+    check_keywords,
+    score_options,
+)
 from thd.ops.attention.params import (
     AttentionOptions,
     BackwardCall,
@@ -217,25 +224,12 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 
 
 def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_kv: Tensor,
-    *,
-    cu_seqlens_q_padded: Tensor | None = None,
-    cu_seqlens_kv_padded: Tensor | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_kv: int | None = None,
-    causal: bool = False,
-    softmax_scale: float | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    sinks: Tensor | None = None,
-    return_lse: bool = False,
-    deterministic: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_kv: Tensor, **kw: Unpack[AttentionArgs]
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention over packed variable-length sequences (THD layout).
+
+    The keywords below are typed once, by :class:`~thd.ops.attention.keywords.AttentionArgs`; one
+    it does not take is a :class:`~thd.errors.ThdTypeError`.
 
     Args:
         q: ``[Tq, Hq, D]`` queries (fp16/bf16 on GPU; fp32 too).
@@ -284,11 +278,16 @@ def attention(
         ...                     cu_seqlens_kv_padded=cup, max_seqlen_q=3, max_seqlen_kv=3,
         ...                     causal=True)
     """
+    check_keywords("attention", kw, ATTENTION_ARGS)
+    cu_seqlens_q_padded = kw.get("cu_seqlens_q_padded")
+    cu_seqlens_kv_padded = kw.get("cu_seqlens_kv_padded")
+    max_seqlen_q, max_seqlen_kv = kw.get("max_seqlen_q"), kw.get("max_seqlen_kv")
+    sinks = kw.get("sinks")
     # The public arguments in the order of VarlenLayout's first fields.
     layout = VarlenLayout(
         cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv
     )
-    options = resolve_options("attention", q, causal, softmax_scale, window_size, softcap, deterministic)
+    options = score_options("attention", q, kw, causal=False, deterministic=kw.get("deterministic", False))
     check_call("attention", q, k, v, layout, options, sinks)
     if max_seqlen_q is None or max_seqlen_kv is None:
         if not is_capturing():  # a device-to-host read is paid here anyway: check the values with it
@@ -304,4 +303,4 @@ def attention(
         out, lse = forward_call(ForwardCall(q, k, v, layout, options, sinks))
     else:
         out, lse = AttentionFunction.apply(q, k, v, sinks, layout, options)
-    return (out, lse) if return_lse else out
+    return (out, lse) if kw.get("return_lse", False) else out

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from thd.ops.attention.keywords import AttentionArgs, Unpack, check_keywords, reference_options
 from thd.ops.attention.params import AttentionOptions, BackwardCall, ForwardCall, VarlenLayout
 from thd.ops.attention.spans import clamped_spans as sequence_spans
 from thd.ops.lse_merge.reference import merge_partials_reference
@@ -107,56 +108,42 @@ def _expand_kv(x: Tensor, num_q_heads: int) -> Tensor:
     return x.repeat_interleave(num_q_heads // x.shape[1], dim=1)
 
 
+class ReferenceArgs(AttentionArgs, total=False):
+    """:func:`thd.attention`'s keywords and the first positions of each sequence."""
+
+    positions_q: Tensor | None
+    positions_kv: Tensor | None
+
+
+REFERENCE_ARGS = frozenset(ReferenceArgs.__optional_keys__)
+
+
 def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_kv: Tensor,
-    *,
-    cu_seqlens_q_padded: Tensor | None = None,
-    cu_seqlens_kv_padded: Tensor | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_kv: int | None = None,
-    causal: bool = False,
-    softmax_scale: float | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    sinks: Tensor | None = None,
-    positions_q: Tensor | None = None,
-    positions_kv: Tensor | None = None,
-    return_lse: bool = False,
-    deterministic: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_kv: Tensor, **kw: Unpack[ReferenceArgs]
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Reference varlen attention, differentiable through autograd (``sinks`` included).
 
-    ``positions_q/kv`` (int32 ``[B]``): first positions of each sequence's query and key rows
-    (see :class:`~thd.ops.attention.params.VarlenLayout`); ``None`` aligns the last rows.
+    Takes the keywords of :func:`thd.attention` and ``positions_q/kv`` (int32 ``[B]``): first
+    positions of each sequence's query and key rows (see
+    :class:`~thd.ops.attention.params.VarlenLayout`); ``None`` aligns the last rows.
 
     Same contract as :func:`thd.attention`: ``out [Tq, Hq, Dv]`` in ``q.dtype`` and, with
     ``return_lse``, ``lse [Hq, Tq]`` in float32 (float64 for float64 inputs). Computes in
     fp32 (float64 for float64 inputs). ``max_seqlen_*`` and ``deterministic`` are accepted
     and ignored.
     """
-    del max_seqlen_q, max_seqlen_kv, deterministic
+    check_keywords("reference attention", kw, REFERENCE_ARGS)
     layout = VarlenLayout(
         cu_seqlens_q,
         cu_seqlens_kv,
-        cu_seqlens_q_padded,
-        cu_seqlens_kv_padded,
-        None,
-        None,
-        positions_q,
-        positions_kv,
+        kw.get("cu_seqlens_q_padded"),
+        kw.get("cu_seqlens_kv_padded"),
+        positions_q=kw.get("positions_q"),
+        positions_kv=kw.get("positions_kv"),
     )
-    options = AttentionOptions(
-        softmax_scale=float(q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale),
-        causal=causal,
-        window_size=tuple(window_size),  # type: ignore[arg-type]
-        softcap=float(softcap),
-    )
-    out, lse = differentiable_forward(q, k, v, layout, options, sinks)
-    return (out, lse) if return_lse else out
+    options = reference_options(q, kw, causal=False)
+    out, lse = differentiable_forward(q, k, v, layout, options, kw.get("sinks"))
+    return (out, lse) if kw.get("return_lse", False) else out
 
 
 def differentiable_forward(
