@@ -4,7 +4,7 @@ when ``flash_attn.cute`` imports), on the table rows of issue 24.
 bf16, 16 heads, causal documents with uniform random lengths in a mix, packed or in slots rounded up
 to a multiple of rows; TFLOP/s counted on real tokens; each provider's calls back to back between
 one pair of CUDA events (``_common.bench_back_to_back``). ``--tiles64``/``--tiles128`` sweep
-Gluon tiles (``BMxBNwWARPSsSTAGEScCONSUMERS[rREGSpCTAS][j]``, ``j``: K and V released together). Every Gluon
+Gluon tiles (``BMxBNwWARPSsSTAGEScCONSUMERS[rREGSpCTAS]``). Every Gluon
 output is checked against the ``tl`` output on real rows before it is timed. Writes one JSON
 document (command, commit, GPU, versions, records) after every row.
 
@@ -46,15 +46,15 @@ ROWS = (
 
 
 def _tile(text: str) -> gluon_forward.GluonTile:
-    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)c(\d)(?:r(\d+)p(\d))?(j?)", text)
+    m = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)c(\d)(?:r(\d+)p(\d))?", text)
     if m is None:
         raise argparse.ArgumentTypeError(
-            f"expected BMxBNwWARPSsSTAGEScCONSUMERS[rMAXNREGpCTAS][j], got {text!r}"
+            f"expected BMxBNwWARPSsSTAGEScCONSUMERS[rMAXNREGpCTAS], got {text!r}"
         )
-    bm, bn, warps, stages, consumers, maxnreg, ctas, joint = m.groups()
+    bm, bn, warps, stages, consumers, maxnreg, ctas = m.groups()
     return gluon_forward.GluonTile(
         int(bm), int(bn), int(warps), int(stages), int(consumers),
-        maxnreg=int(maxnreg or 168), ctas_per_sm=int(ctas or 1), split_release=not joint,
+        maxnreg=int(maxnreg or 168), ctas_per_sm=int(ctas or 1),
     )  # fmt: skip
 
 

@@ -82,7 +82,6 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
         "PRODUCER_REGS": 24,
         "NUM_WG": 2,
         "CONSUMER_REGS": 240,
-        "SPLIT_RELEASE": True,
         "SLOTS": True,
     }
     meta.update(flags)
@@ -117,7 +116,6 @@ CONFIGS: dict[str, Config] = {
     # forward
     "d128-causal-bf16": _forward(),
     "d128-causal-bf16-one-consumer": _forward(NUM_WG=1),
-    "d128-causal-bf16-joint-release": _forward(SPLIT_RELEASE=False),
     "d64-fp16": _forward(64, 64, "fp16", HAS_RIGHT=False, STAGES=3, SLOTS=False),
     "d128-variants-bf16": _forward(
         HAS_LEFT=True, HAS_POSITIONS=True, SOFTCAP=True, HAS_SINKS=True, ACCUMULATE=True, FOLD_SCALE=False

@@ -48,16 +48,13 @@ class GluonTile(WarpSpecializedTile):
     # the H200, 64x64w4s2c1 at maxnreg 128 with 2 per SM ran (D=128, slower than TILES), but the
     # D=64 tile 64x64w4s3c1 so configured raised "CUDA error: an illegal instruction" (not investigated).
     ctas_per_sm: int = 1
-    # Release a stage's K once its Q K^T completed, its V once its P V did; False: both after the
-    # P V (the schedule before; name suffix "j").
-    split_release: bool = True
 
     @property
     def name(self) -> str:
         text = f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}c{self.consumers}"
         if self.maxnreg != 168 or self.ctas_per_sm != 1:
             text += f"r{self.maxnreg}p{self.ctas_per_sm}"
-        return text if self.split_release else text + "j"
+        return text
 
 
 # max(D, Dv) -> tile. Two consumer warpgroups of 64 rows each, FA3's 240/24 register split.
@@ -186,7 +183,6 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
         PRODUCER_REGS=tile.producer_regs,
         NUM_WG=tile.consumers,
         CONSUMER_REGS=tile.consumer_regs,
-        SPLIT_RELEASE=tile.split_release,
         SLOTS=layout.cu_seqlens_q_padded is not None,
         num_warps=tile.num_warps,
         maxnreg=tile.maxnreg,

@@ -265,15 +265,6 @@ def _release(bar):
 
 
 @gluon.jit
-def _release_values(k_empty, v_empty, stage, SPLIT_RELEASE: gl.constexpr):
-    """Stage ``stage``'s V is read (its ``P V`` completed); without ``SPLIT_RELEASE`` its K is
-    released only now as well (one release per stage, the schedule before split release)."""
-    if not SPLIT_RELEASE:
-        _release(k_empty.index(stage))
-    _release(v_empty.index(stage))
-
-
-@gluon.jit
 def _turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, k):
     """Ping-pong of two consumer warpgroups: wait until the other one issued its matrix products
     (the ``k``-th turn of warpgroup ``WG``; warpgroup 0 goes first), so one group's softmax runs
@@ -293,7 +284,7 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
 def _consumer(
     args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
-    WG: gl.constexpr, NUM_WG: gl.constexpr, SPLIT_RELEASE: gl.constexpr,
+    WG: gl.constexpr, NUM_WG: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
@@ -362,8 +353,7 @@ def _consumer(
                 q_buf, k_smem.index(s_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
             )
             s = warpgroup_mma_wait(0, deps=[s])
-            if SPLIT_RELEASE:
-                _release(k_empty.index(s_idx))
+            _release(k_empty.index(s_idx))  # K is read: its stage may take the next K
             p, m_i, l_i, alpha = _softmax_step(
                 s, m_i, l_i, a, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
                 BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE,
@@ -383,14 +373,13 @@ def _consumer(
                 acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
                 _pass_turn(turns, WG, NUM_WG)
                 s = warpgroup_mma_wait(1, deps=[s])  # this tile's scores; P V still in flight
-                if SPLIT_RELEASE:  # K of tile j is read: its stage may take the next K
-                    _release(k_empty.index(n_idx))
+                _release(k_empty.index(n_idx))  # K of tile j is read
                 p, m_i, l_i, alpha = _softmax_step(
                     s, m_i, l_i, kn, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
                     BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE,
                 )  # fmt: skip
                 acc = warpgroup_mma_wait(0, deps=[acc])
-                _release_values(k_empty, v_empty, s_idx, SPLIT_RELEASE)
+                _release(v_empty.index(s_idx))
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 it += 1
@@ -401,7 +390,7 @@ def _consumer(
             acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG)
             acc = warpgroup_mma_wait(0, deps=[acc])
-            _release_values(k_empty, v_empty, s_idx, SPLIT_RELEASE)
+            _release(v_empty.index(s_idx))
             it += 1
         _release(q_bars.index(2 + qi))
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
@@ -430,7 +419,7 @@ def attention_fwd_kernel(
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    SPLIT_RELEASE: gl.constexpr, SLOTS: gl.constexpr,
+    SLOTS: gl.constexpr,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
     list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
@@ -484,9 +473,9 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 2, SPLIT_RELEASE)),
+                             ACCUMULATE, 0, 2)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 2, SPLIT_RELEASE)),
+                             ACCUMULATE, 1, 2)),
                 (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
             ],
             [4, 1],
@@ -496,7 +485,7 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 1, SPLIT_RELEASE)),
+                             ACCUMULATE, 0, 1)),
                 (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
