@@ -59,7 +59,7 @@ def _check_threads(
     import thd.cp.ring as ring_mod
     from tests.cp._thread_ring import run_ranks, run_ring
     from thd.cp import document_attention, document_layout, partition_documents, plan_documents
-    from thd.cp.checks import check_variants
+    from thd.cp.checks import check_scores
     from thd.cp.plan import PlanRequest, build_plan
     from thd.ops.attention.params import VarlenLayout
 
@@ -86,7 +86,7 @@ def _check_threads(
             return document_attention(*shards[rank][:3], layouts[rank], return_lse=True, **kw)
 
     outs, lses = zip(*run_ranks(cp, forward), strict=True)
-    options = check_variants(q, causal, None, window, softcap, sinks)
+    options = check_scores(q, {"causal": causal, "window_size": window, "softcap": softcap, "sinks": sinks})
     lay0 = layouts[0]
     ring_layout = VarlenLayout(
         lay0.ring_cu_seqlens,

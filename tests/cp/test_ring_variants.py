@@ -27,7 +27,7 @@ import thd.reference
 from tests._helpers import assert_close, assert_rows_equal, tolerance
 from thd.cp import partition, ring_attention
 from thd.cp import ring as ring_mod
-from thd.cp.checks import check_variants
+from thd.cp.checks import check_scores
 from thd.cp.plan import PlanRequest, build_plan
 from thd.cp.reference import simulate_ring_attention
 from thd.errors import ThdTypeError, ThdValueError
@@ -491,7 +491,9 @@ def _check_threads(
     sinks = sinks if with_sinks else None
     want = _oracle(case, *tensors, sinks, causal, window, softcap)
     (cu_q, cup_q), (cu_kv, cup_kv) = case.cu("q", device), case.cu("kv", device)
-    options = check_variants(tensors[0], causal, None, window, softcap, sinks)
+    options = check_scores(
+        tensors[0], {"causal": causal, "window_size": window, "softcap": softcap, "sinks": sinks}
+    )
     layout = VarlenLayout(cu_q, cu_kv, cup_q, cup_kv, max(case.lens), max(case.side("kv")[0]))
     plans = [
         build_plan(

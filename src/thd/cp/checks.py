@@ -20,7 +20,6 @@ __all__ = [
     "check_scores",
     "check_shards",
     "check_values",
-    "check_variants",
     "max_len",
     "resolve_max_seqlen",
 ]
@@ -40,21 +39,6 @@ def check_metadata(q: Tensor, k: Tensor, v: Tensor, given: VarlenLayout, causal:
     check_layout_tensors(_FN, q, k, *given.tensors()[:4])
     check_max_seqlen(_FN, "max_seqlen_q", given.max_seqlen_q)
     check_max_seqlen(_FN, "max_seqlen_kv", given.max_seqlen_kv)
-
-
-def check_variants(
-    q: Tensor,
-    causal: bool,
-    softmax_scale: object,
-    window_size: object,
-    softcap: object,
-    sinks: object,
-) -> AttentionOptions:
-    """:func:`check_scores` of these values."""
-    scores = dict(
-        causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap, sinks=sinks
-    )
-    return check_scores(q, scores)  # type: ignore[arg-type]
 
 
 def check_scores(q: Tensor, scores: ScoreArgs) -> AttentionOptions:
