@@ -93,14 +93,7 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
 
 
 _BACKWARD = {"GROUP": 1, "HAS_POSITIONS": False, "HAS_LEFT": False, "HAS_RIGHT": True, "ACCUMULATE": False}
-_RING = {
-    "NUM_STAGES": 2,
-    "NUM_WARPS": 8,
-    "NUM_CONSUMERS": 1,
-    "CONSUMER_REGS": 240,
-    "PRODUCER_REGS": 24,
-    "ROWS_IN_REGISTERS": False,
-}
+_RING = {"NUM_STAGES": 2, "NUM_WARPS": 8, "NUM_CONSUMERS": 1, "CONSUMER_REGS": 240, "PRODUCER_REGS": 24}
 
 
 def _dkdv(head_dim: int, dtype: str = "bf16", **flags: object) -> Config:
@@ -141,11 +134,6 @@ CONFIGS: dict[str, Config] = {
     "dkdv-d128-2wg-split": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False, NUM_STAGES=3),
     "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
     "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
-    "dq-d128-rs": _dq(128, ROWS_IN_REGISTERS=True),
-    "dq-d128-2wg-rs": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2, ROWS_IN_REGISTERS=True),
-    "dq-d64-2wg-rs": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128, ROWS_IN_REGISTERS=True),
-    "dkdv-d64-2wg-split-rs": _dkdv(64, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False, ROWS_IN_REGISTERS=True),
-    "dkdv-d64-split-rs": _dkdv(64, DQ_ATOMIC=False, HAS_RIGHT=False, ROWS_IN_REGISTERS=True),
 }
 
 

@@ -6,8 +6,7 @@ Layouts: packed and padded slots with spare capacity, padding rows of q, k, v (a
 gradients must match on real rows and be exact zeros on padding rows. Both dQ paths run (fp32
 atomics from the dK/dV kernel, forced through ``ATOMIC_DQ``; its own kernel, the default and the
 deterministic path, which must be bitwise reproducible), and both consumer structures (one
-8-warp partition; two 4-warp partitions, ``TWO_CONSUMER_TILES``), with the tile's own rows read
-from shared memory or held as register operands (``with_register_rows``).
+8-warp partition, the default tiles; two 4-warp partitions, ``TWO_CONSUMER_TILES``).
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ if torch.cuda.get_device_capability() != (9, 0):
 
 DEVICE = "cuda"
 GRADS = ("dq", "dk", "dv")
-ONE_CONSUMER_TILES = dict(gluon_backward.TILES)  # the tables as imported, before any test patches them
 
 LAYOUTS = {
     "packed": make_layout("packed", [300, 1000, 77, 513]),
@@ -113,6 +111,11 @@ def _both(do, q, k, v, out, lse, varlen, options, **kwargs):
 @pytest.fixture
 def atomic_dq(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gluon_backward, "ATOMIC_DQ", True)
+
+
+@pytest.fixture
+def two_consumers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gluon_backward, "TILES", dict(gluon_backward.TWO_CONSUMER_TILES))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -232,6 +235,7 @@ def test_no_host_sync(no_host_reads) -> None:
         gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, opts))
 
 
+@pytest.mark.usefixtures("two_consumers")
 @pytest.mark.parametrize(
     ("layout_name", "causal", "window", "dim", "heads"),
     [
@@ -241,15 +245,7 @@ def test_no_host_sync(no_host_reads) -> None:
         ("padded", False, (37, 200), 64, (4, 2)),
     ],
 )
-@pytest.mark.parametrize("tiles", ["two-consumers", "two-consumers-registers", "one-consumer-registers"])
-def test_other_tile_structures(layout_name, causal, window, dim, heads, tiles, monkeypatch) -> None:
-    """Two consumer partitions, and the tile's own rows as register operands."""
-    table = {
-        "two-consumers": dict(gluon_backward.TWO_CONSUMER_TILES),
-        "two-consumers-registers": gluon_backward.with_register_rows(gluon_backward.TWO_CONSUMER_TILES),
-        "one-consumer-registers": gluon_backward.with_register_rows(ONE_CONSUMER_TILES),
-    }[tiles]
-    monkeypatch.setattr(gluon_backward, "TILES", table)
+def test_two_consumer_partitions(layout_name, causal, window, dim, heads) -> None:
     layout = LAYOUTS[layout_name]
     options = AttentionOptions(dim**-0.5, causal=causal, window_size=window)
     q, k, v, do, out, lse, varlen = _case(layout, heads, dim, torch.bfloat16, options)

@@ -9,7 +9,7 @@ tensors the copy engine cannot read) stay on the tl kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -27,15 +27,7 @@ from thd.ops.attention.gluon.host import (
 )
 from thd.ops.attention.params import BackwardCall
 
-__all__ = [
-    "ATOMIC_DQ",
-    "TILES",
-    "TWO_CONSUMER_TILES",
-    "GluonTile",
-    "backward",
-    "supports_backward",
-    "with_register_rows",
-]
+__all__ = ["ATOMIC_DQ", "TILES", "GluonTile", "backward", "supports_backward"]
 
 _SETTINGS = kernel_settings()  # read once, with the kernels (thd._runtime.config)
 _INTERPRET = _SETTINGS.interpret
@@ -46,14 +38,10 @@ class GluonTile(WarpSpecializedTile):
     """The backward's tile: rows per tile (``block_m`` queries, ``block_n`` keys), consumer
     partitions (1: one of 8 warps, i.e. two warpgroups running the same code; 2: two 4-warp
     partitions, each its half of the tile, ordered only by the ring's mbarriers) and TMA ring
-    stages; ``rows_in_registers``: the tile's own rows (K and V for dK/dV, Q and dO for dQ) are
-    register operands of ``S`` and ``dP`` (loaded once per tile; their buffer is freed at once for
-    the next tile, unless the atomic dQ still reads K); the producer's and second consumer's
-    registers as :class:`WarpSpecializedTile`'s."""
+    stages; the producer's and second consumer's registers as :class:`WarpSpecializedTile`'s."""
 
     consumers: int = 1
     num_stages: int = 2
-    rows_in_registers: bool = False
 
     @property
     def num_warps(self) -> int:
@@ -68,7 +56,6 @@ class GluonTile(WarpSpecializedTile):
             "NUM_CONSUMERS": self.consumers,
             "CONSUMER_REGS": self.consumer_regs,
             "PRODUCER_REGS": self.producer_regs,
-            "ROWS_IN_REGISTERS": self.rows_in_registers,
         }
 
 
@@ -91,16 +78,6 @@ TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
     ("dq", 64): GluonTile(block_m=128, block_n=128, consumers=2),
     ("dq", 128): GluonTile(block_m=128, block_n=64, consumers=2),
 }
-# Register operands (``rows_in_registers``) compile without spills on Triton 3.6 for every tile above
-# except dK/dV at head dim 128 (K and V in registers spill 1576 bytes there).
-NO_REGISTER_ROWS = frozenset({("dkdv", 128)})
-
-
-def with_register_rows(tiles: dict[tuple[str, int], GluonTile]) -> dict[tuple[str, int], GluonTile]:
-    """``tiles`` with ``rows_in_registers`` wherever that does not spill."""
-    return {key: replace(tile, rows_in_registers=key not in NO_REGISTER_ROWS) for key, tile in tiles.items()}
-
-
 if _SETTINGS.gluon_bwd_consumers == 2:
     TILES.update(TWO_CONSUMER_TILES)
 # How the non-deterministic backward adds dQ: False its own kernel (as the deterministic backward
@@ -202,7 +179,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     if k.shape[0] > 0:
         tile = TILES[("dkdv", head_dim)]
         if atomic and tile.consumers > 1:  # the atomic dQ is the one-partition kernel's
-            tile = replace(tile, consumers=1)
+            tile = GluonTile(tile.block_m, tile.block_n, num_stages=tile.num_stages)
         kernels._dkdv_kernel[(max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1)](
             q,
             k,

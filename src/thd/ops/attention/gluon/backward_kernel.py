@@ -183,7 +183,6 @@ def _dkdv_consumer(
     DQ_ATOMIC: gl.constexpr,
     NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
-    ROWS_IN_REGISTERS: gl.constexpr,
 ):
     """dK and dV of key rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each key tile in registers
     (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``); dQ added with fp32 atomics (``DQ_ATOMIC``). Tile
@@ -216,7 +215,6 @@ def _dkdv_consumer(
         version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, HEAD_DIM // (NUM_WARPS // 4), 16]
     )
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
-    rows_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     dq_add_layout: gl.constexpr = gl.BlockedLayout(
         [1, 4], [128 // HEAD_DIM, HEAD_DIM // 4], [NUM_WARPS, 1], [1, 0]
     )
@@ -231,15 +229,6 @@ def _dkdv_consumer(
         dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
         dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
         mbarrier.wait(kv_ready, j & 1)
-        if ROWS_IN_REGISTERS:  # K and V as register operands; the atomic dQ still reads K from shared memory
-            k_op = k_rows.load(rows_layout)
-            v_op = v_rows.load(rows_layout)
-            if not DQ_ATOMIC:  # the buffers are free for the next key tile
-                cta_barrier()
-                mbarrier.arrive(kv_empty)
-        else:
-            k_op = k_rows
-            v_op = v_rows
         for g in range(GROUP):
             head = kv_head * GROUP + g
             lse_base = lse_ptr + head * stride_lse_h + q_start
@@ -257,13 +246,13 @@ def _dkdv_consumer(
                 q_tile = q_smem.index(stage)
                 do_tile = do_smem.index(stage)
                 s_tok = warpgroup_mma(
-                    k_op,
+                    k_rows,
                     q_tile.permute((1, 0)),
                     gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout),
                     use_acc=False,
                     is_async=True,
                 )
-                dp_tok = warpgroup_mma(v_op, do_tile.permute((1, 0)), minus_delta, is_async=True)
+                dp_tok = warpgroup_mma(v_rows, do_tile.permute((1, 0)), minus_delta, is_async=True)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 0))
                 if (m0 < b_) | (m0 >= c):
@@ -307,9 +296,8 @@ def _dkdv_consumer(
                         sem="relaxed",
                     )
                 it += 1
-        if DQ_ATOMIC or not ROWS_IN_REGISTERS:
-            cta_barrier()
-            mbarrier.arrive(kv_empty)
+        cta_barrier()
+        mbarrier.arrive(kv_empty)
         j += 1  # noqa: SIM113 -- no enumerate in a kernel
         out_rows = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kv_layout)), 1)
         offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout)), 0)
@@ -332,7 +320,7 @@ def _dkdv_kernel(
     HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
     ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, ROWS_IN_REGISTERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):  # fmt: skip
     kv_head = gl.program_id(1)
     b = gl.program_id(2)
@@ -382,10 +370,7 @@ def _dkdv_kernel(
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (
-                    _dkdv_consumer,
-                    (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 1, 0, ROWS_IN_REGISTERS),
-                ),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 1, 0)),
                 (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
@@ -394,14 +379,8 @@ def _dkdv_kernel(
     else:  # two consumer warpgroups, each its half of the key tile, ordered only by the ring
         gl.warp_specialize(
             [
-                (
-                    _dkdv_consumer,
-                    (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 0, ROWS_IN_REGISTERS),
-                ),
-                (
-                    _dkdv_consumer,
-                    (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 1, ROWS_IN_REGISTERS),
-                ),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 0)),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 1)),
                 (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [NUM_WARPS, 1],
@@ -456,7 +435,6 @@ def _dq_consumer(
     ACCUMULATE: gl.constexpr,
     NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
-    ROWS_IN_REGISTERS: gl.constexpr,
 ):
     """dQ of query rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each query tile in registers
     (``WG_ROWS = BLOCK_M / NUM_CONSUMERS``), summed over key tiles in a fixed order. Tile shapes
@@ -485,7 +463,6 @@ def _dq_consumer(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, 16]
     )
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
-    rows_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     qk_scale = sm_scale * LOG2E
     it = 0
     j = 0
@@ -500,27 +477,19 @@ def _dq_consumer(
         a, b_, c, end = key_tiles(m0, seqlen_q, seqlen_k, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         dq = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, dq_layout)
         mbarrier.wait(q_ready, j & 1)
-        if ROWS_IN_REGISTERS:  # Q and dO as register operands: the buffer is free for the next tile
-            q_op = q_rows.load(rows_layout)
-            do_op = do_rows.load(rows_layout)
-            cta_barrier()
-            mbarrier.arrive(q_empty)
-        else:
-            q_op = q_rows
-            do_op = do_rows
         for n0 in range(a, end, BLOCK_N):
             stage = it % NUM_STAGES
             dp_init = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout) + minus_delta
             mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
             k_tile = k_smem.index(stage)
             s_tok = warpgroup_mma(
-                q_op,
+                q_rows,
                 k_tile.permute((1, 0)),
                 gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout),
                 use_acc=False,
                 is_async=True,
             )
-            dp_tok = warpgroup_mma(do_op, v_smem.index(stage).permute((1, 0)), dp_init, is_async=True)
+            dp_tok = warpgroup_mma(do_rows, v_smem.index(stage).permute((1, 0)), dp_init, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             p = gl.exp2(s * qk_scale - lse)
             if (n0 < b_) | (n0 >= c):
@@ -533,9 +502,8 @@ def _dq_consumer(
             cta_barrier()  # every warp of this partition is done with this stage
             mbarrier.arrive(empty.index(stage))
             it += 1
-        if not ROWS_IN_REGISTERS:
-            cta_barrier()
-            mbarrier.arrive(q_empty)
+        cta_barrier()
+        mbarrier.arrive(q_empty)
         j += 1  # noqa: SIM113 -- no enumerate in a kernel
         out_rows = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, dq_layout)), 1)
         offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout)), 0)
@@ -554,7 +522,7 @@ def _dq_kernel(
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
     HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, ROWS_IN_REGISTERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):  # fmt: skip
     head = gl.program_id(1)
     b = gl.program_id(2)
@@ -598,7 +566,7 @@ def _dq_kernel(
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 1, 0, ROWS_IN_REGISTERS)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 1, 0)),
                 (_dq_producer, (producer, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
@@ -607,8 +575,8 @@ def _dq_kernel(
     else:  # two consumer warpgroups, each its half of the query tile, ordered only by the ring
         gl.warp_specialize(
             [
-                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 0, ROWS_IN_REGISTERS)),
-                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 1, ROWS_IN_REGISTERS)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 0)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 1)),
                 (_dq_producer, (producer, HAS_LEFT, HAS_RIGHT)),
             ],
             [NUM_WARPS, 1],
