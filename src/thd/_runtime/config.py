@@ -18,7 +18,7 @@ variable                  read        meaning
 ``THD_TMA``               kernels     ``0``: never read tiles through tensor descriptors.
 ``THD_DQ_MODE``           kernels     ``0|1|2``: how the non-deterministic backward adds dQ.
 ``THD_FWD_MAX_REGISTERS`` kernels     register cap of small-head-dim forward tiles (``0``: none).
-``THD_GLUON_BWD_CONSUMERS`` kernels   ``1`` (default) | ``2``: consumer partitions of the Gluon backward.
+``THD_GLUON_BWD_CONSUMERS`` kernels   ``1`` | ``2`` (default): consumer partitions of the Gluon backward.
 ``THD_GLUON_DQ_ATOMIC``   kernels     ``1``: the non-deterministic Gluon backward adds dQ by fp32 atomics.
 ``THD_FAST_LAUNCH``       1st launch  ``1`` (default) | ``0`` | ``verify`` | ``force``: cached launches
                                       (:func:`thd._runtime.launcher.reload_settings` reads it again).
@@ -82,7 +82,7 @@ class Settings:
     tma: bool
     dq_mode: int | None  # None: the measured default
     fwd_max_registers: int
-    gluon_bwd_consumers: int = 1
+    gluon_bwd_consumers: int = 2
     gluon_dq_atomic: bool = False
 
     @classmethod
@@ -96,7 +96,7 @@ class Settings:
             tma=os.environ.get("THD_TMA", "1") != "0",
             dq_mode=None if dq_mode < 0 else dq_mode,
             fwd_max_registers=env_int("THD_FWD_MAX_REGISTERS", 168, range(256)),
-            gluon_bwd_consumers=env_int("THD_GLUON_BWD_CONSUMERS", 1, range(1, 3)),
+            gluon_bwd_consumers=env_int("THD_GLUON_BWD_CONSUMERS", 2, range(1, 3)),
             gluon_dq_atomic=os.environ.get("THD_GLUON_DQ_ATOMIC", "0") == "1",
         )
 

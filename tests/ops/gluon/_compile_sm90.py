@@ -131,7 +131,7 @@ CONFIGS: dict[str, Config] = {
     "dq-d64": _dq(64, HAS_RIGHT=False),
     "dkdv-d128-2wg": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2),
     "dkdv-d64-2wg-split": _dkdv(64, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False),
-    "dkdv-d128-2wg-split": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False, NUM_STAGES=3),
+    "dkdv-d128-2wg-split": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False),
     "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
     "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
 }

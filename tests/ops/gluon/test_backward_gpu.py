@@ -5,8 +5,8 @@
 Layouts: packed and padded slots with spare capacity, padding rows of q, k, v (and out, dO) NaN;
 gradients must match on real rows and be exact zeros on padding rows. Both dQ paths run (fp32
 atomics from the dK/dV kernel, forced through ``ATOMIC_DQ``; its own kernel, the default and the
-deterministic path, which must be bitwise reproducible), and both consumer structures (one
-8-warp partition, the default tiles; two 4-warp partitions, ``TWO_CONSUMER_TILES``).
+deterministic path, which must be bitwise reproducible), and both consumer structures (two 4-warp
+partitions, the default tiles; one 8-warp partition, ``ONE_CONSUMER_TILES``).
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def atomic_dq(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def two_consumers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gluon_backward, "TILES", dict(gluon_backward.TWO_CONSUMER_TILES))
+def one_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gluon_backward, "TILES", dict(gluon_backward.ONE_CONSUMER_TILES))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -235,7 +235,7 @@ def test_no_host_sync(no_host_reads) -> None:
         gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, opts))
 
 
-@pytest.mark.usefixtures("two_consumers")
+@pytest.mark.usefixtures("one_consumer")
 @pytest.mark.parametrize(
     ("layout_name", "causal", "window", "dim", "heads"),
     [
@@ -245,7 +245,7 @@ def test_no_host_sync(no_host_reads) -> None:
         ("padded", False, (37, 200), 64, (4, 2)),
     ],
 )
-def test_two_consumer_partitions(layout_name, causal, window, dim, heads) -> None:
+def test_one_consumer_partition(layout_name, causal, window, dim, heads) -> None:
     layout = LAYOUTS[layout_name]
     options = AttentionOptions(dim**-0.5, causal=causal, window_size=window)
     q, k, v, do, out, lse, varlen = _case(layout, heads, dim, torch.bfloat16, options)

@@ -27,7 +27,15 @@ from thd.ops.attention.gluon.host import (
 )
 from thd.ops.attention.params import BackwardCall
 
-__all__ = ["ATOMIC_DQ", "TILES", "GluonTile", "backward", "supports_backward"]
+__all__ = [
+    "ATOMIC_DQ",
+    "ONE_CONSUMER_TILES",
+    "TILES",
+    "TWO_CONSUMER_TILES",
+    "GluonTile",
+    "backward",
+    "supports_backward",
+]
 
 _SETTINGS = kernel_settings()  # read once, with the kernels (thd._runtime.config)
 _INTERPRET = _SETTINGS.interpret
@@ -60,30 +68,30 @@ class GluonTile(WarpSpecializedTile):
 
 
 # (kernel, head dim) -> tile. dK/dV: 128 keys (64 per consumer warpgroup) against 64-query tiles;
-# dQ: 128 queries against 64-key tiles. All compile without spills on Triton 3.6 (the GPU's). On
-# the H200 (benchmarks/results/gluon-bwd-run2.json, bf16, 16 heads, causal 32k of 512-8192) these
-# took 0.90x the tl backward's time at D128 and 1.17x at D64; the two-partition tiles 0.84x and
-# 1.00x. The one-partition tiles stay the default: only they have run the whole GPU test file.
-TILES: dict[tuple[str, int], GluonTile] = {
+# dQ: 128 queries against 64-key tiles (128 at head dim 64).
+ONE_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
     ("dkdv", 64): GluonTile(block_m=64, block_n=128),
     ("dkdv", 128): GluonTile(block_m=64, block_n=128),
     ("dq", 64): GluonTile(block_m=128, block_n=64),
     ("dq", 128): GluonTile(block_m=128, block_n=64),
 }
-# The two-partition tiles (``THD_GLUON_BWD_CONSUMERS=2``, read at import; the atomic dQ keeps
-# the one-partition dK/dV kernel). dK/dV at D128 spills 336 bytes on Triton 3.6.
+# The default: two 4-warp partitions (FA3's two consumer warpgroups). On the H200 (bf16, 16 heads,
+# causal 32k of 512-8192, gluon-bwd-structures-6c44123.json) they took 5.24 / 3.43 ms against the
+# one-partition tiles' 5.60 / 3.99 ms at head dim 128 / 64 (tl: 6.20 / 3.45). dK/dV at head dim 128
+# spills 336 bytes on Triton 3.6 and is still the faster. ``THD_GLUON_BWD_CONSUMERS=1`` (read at
+# import) selects the one-partition tiles; the atomic dQ is always the one-partition kernel's.
 TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
     ("dkdv", 64): GluonTile(block_m=64, block_n=128, consumers=2),
     ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2),
     ("dq", 64): GluonTile(block_m=128, block_n=128, consumers=2),
     ("dq", 128): GluonTile(block_m=128, block_n=64, consumers=2),
 }
-if _SETTINGS.gluon_bwd_consumers == 2:
-    TILES.update(TWO_CONSUMER_TILES)
+TILES = dict(TWO_CONSUMER_TILES if _SETTINGS.gluon_bwd_consumers == 2 else ONE_CONSUMER_TILES)
 # How the non-deterministic backward adds dQ: False its own kernel (as the deterministic backward
 # does), True fp32 atomics from the dK/dV kernel. False on the H200: the split kernels took 5.57 /
-# 4.01 ms against the atomics' 6.09 / 4.12 ms at D128 / D64 (gluon-bwd-run1.json). ``THD_GLUON_DQ_ATOMIC=1``
-# (read at import) selects the atomics.
+# 4.01 ms against the atomics' 6.09 / 4.12 ms at D128 / D64 (gluon-bwd-run1.json; one-partition
+# kernels both; 5.60 / 3.99 against 6.22 / 4.16 in gluon-bwd-structures-6c44123.json).
+# ``THD_GLUON_DQ_ATOMIC=1`` (read at import) selects the atomics.
 ATOMIC_DQ = _SETTINGS.gluon_dq_atomic
 _PREPROCESS_ROWS = 64
 
