@@ -130,6 +130,10 @@ CONFIGS: dict[str, Config] = {
     "dq-d128": _dq(128),
     "dq-d64": _dq(64, HAS_RIGHT=False),
     "dkdv-d128-2wg": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2),
+    "dkdv-d64-2wg": _dkdv(64, NUM_WARPS=4, NUM_CONSUMERS=2),
+    "dkdv-d128-2wg-gqa-window-accumulate": _dkdv(
+        128, NUM_WARPS=4, NUM_CONSUMERS=2, GROUP=4, HAS_LEFT=True, ACCUMULATE=True, HAS_POSITIONS=True
+    ),
     "dkdv-d64-2wg-split": _dkdv(64, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False),
     "dkdv-d128-2wg-split": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False),
     "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),

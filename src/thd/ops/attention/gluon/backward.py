@@ -9,7 +9,7 @@ tensors the copy engine cannot read) stay on the tl kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -79,7 +79,8 @@ ONE_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
 # causal 32k of 512-8192, gluon-bwd-structures-6c44123.json) they took 5.24 / 3.43 ms against the
 # one-partition tiles' 5.60 / 3.99 ms at head dim 128 / 64 (tl: 6.20 / 3.45). dK/dV at head dim 128
 # spills 336 bytes on Triton 3.6 and is still the faster. ``THD_GLUON_BWD_CONSUMERS=1`` (read at
-# import) selects the one-partition tiles; the atomic dQ is always the one-partition kernel's.
+# import) selects the one-partition tiles. With the atomic dQ, two partitions add each dQ tile by a
+# TMA reduce-add (FA3's), one partition (or a dq buffer TMA cannot address) by per-element atomics.
 TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
     ("dkdv", 64): GluonTile(block_m=64, block_n=128, consumers=2),
     ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2),
@@ -106,6 +107,17 @@ def _tma_readable(t: Tensor) -> bool:
         and t.stride(1) == t.shape[2]
         and t.data_ptr() % 16 == 0
         and t.stride(0) % per_16_bytes == 0
+    )
+
+
+def _tma_reducible(dq: Tensor) -> bool:
+    """Whether the two-partition dK/dV kernel can add dQ tiles into fp32 ``dq`` by TMA: rows of
+    adjacent heads (``[T, H * D]``), 16-byte aligned base and row stride."""
+    return (
+        dq.stride(2) == 1
+        and dq.stride(1) == dq.shape[2]
+        and dq.data_ptr() % 16 == 0
+        and (dq.stride(0) * dq.element_size()) % 16 == 0
     )
 
 
@@ -186,8 +198,8 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     window = (options.softmax_scale, max(options.window_left, 0), max(options.window_right, 0))
     if k.shape[0] > 0:
         tile = TILES[("dkdv", head_dim)]
-        if atomic and tile.consumers > 1:  # the atomic dQ is the one-partition kernel's
-            tile = GluonTile(tile.block_m, tile.block_n, num_stages=tile.num_stages)
+        if atomic and tile.consumers > 1 and not _tma_reducible(dq):  # per-element atomics instead
+            tile = replace(tile, consumers=1)
         kernels._dkdv_kernel[(max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1)](
             q,
             k,

@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from thd.ops.attention.geometry import padding_span, sequence_pair, span, visible
-from thd.ops.attention.gluon.compat import cta_barrier, tma_load
+from thd.ops.attention.gluon.compat import cta_barrier, tma_load, tma_reduce_add, tma_store_wait
 from thd.ops.attention.gluon.tiles import key_tiles, query_tiles, row_descriptor
 from thd.ops.attention.softmax_terms import store_delta
 
@@ -185,12 +185,16 @@ def _dkdv_consumer(
     WG: gl.constexpr,
 ):
     """dK and dV of key rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each key tile in registers
-    (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``); dQ added with fp32 atomics (``DQ_ATOMIC``). Tile
-    shapes come from the shared-memory buffers, the warps from this partition."""
+    (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``). ``DQ_ATOMIC``: dQ of each query tile added to fp32 ``dq``
+    as well. One partition: ``dQ = dS K`` by both warpgroups, added by per-element atomics. Two
+    partitions (FA3's): each stores its rows of ``dS^T`` in shared memory, both wait for the whole
+    ``dS`` (``ds_full``), each computes its half of dQ's columns over all the tile's keys and adds it
+    with one TMA reduce-add from ``dq_smem`` (rows past the sequence are dropped by the descriptor).
+    Tile shapes come from the shared-memory buffers, the warps from this partition."""
     (
         lse_ptr, delta_ptr, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh,
         stride_lse_h, q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem,
-        v_smem, q_smem, do_smem, ds_smem, kv_ready, kv_empty, ready, empty,
+        v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
     ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
@@ -211,14 +215,28 @@ def _dkdv_consumer(
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, 16]
     )
+    DQ_COLS: gl.constexpr = HEAD_DIM // NUM_CONSUMERS  # dQ columns of this partition
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, HEAD_DIM // (NUM_WARPS // 4), 16]
+        version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, HEAD_DIM // 2, 16]
     )
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     dq_add_layout: gl.constexpr = gl.BlockedLayout(
         [1, 4], [128 // HEAD_DIM, HEAD_DIM // 4], [NUM_WARPS, 1], [1, 0]
     )
     qk_scale = sm_scale * LOG2E
+    if DQ_ATOMIC:
+        if NUM_CONSUMERS == 2:  # dQ rows of this sequence, heads adjacent in a row, fp32
+            dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
+                [BLOCK_M, DQ_COLS], gl.float32
+            )
+            dq_desc = row_descriptor(
+                dq_ptr + q_start.to(gl.int64) * stride_dqt, seqlen_q, (kv_head + 1) * GROUP * HEAD_DIM,
+                stride_dqt, BLOCK_M, DQ_COLS, dq_smem_layout,
+            )  # fmt: skip
+            dq_tile = dq_smem.index(WG)
+            dq_cols = k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1)  # B of this partition's dQ columns
+        else:
+            dq_cols = k_rows
     it = 0
     j = 0
     for n_block in range(first, gl.cdiv(seqlen_k, BLOCK_N), step):
@@ -262,17 +280,24 @@ def _dkdv_consumer(
                 dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
                 dp = warpgroup_mma_wait(1, deps=(dp_tok,))
                 ds = (p * dp * sm_scale).to(dtype)
-                if DQ_ATOMIC:
-                    ds_tile = ds_smem.index(WG * 2 + it % 2)
-                    ds_tile.store(ds)
+                if DQ_ATOMIC:  # dS^T in shared memory (double-buffered): the A operand of dQ = dS K
+                    ds_tile = ds_smem.index(it % 2)
+                    if NUM_CONSUMERS == 2:
+                        ds_tile.slice(WG * WG_ROWS, WG_ROWS).store(ds)
+                    else:
+                        ds_tile.store(ds)
                     fence_async_shared()
                     cta_barrier()  # every warp's rows of dS^T are in place
+                    if NUM_CONSUMERS == 2:
+                        mbarrier.arrive(ds_full.index(it % 2))
                 dk_tok = warpgroup_mma(gl.convert_layout(ds, a_layout), q_tile, dk, is_async=True)
                 if DQ_ATOMIC:
+                    if NUM_CONSUMERS == 2:  # the other partition's rows of dS^T are in place too
+                        mbarrier.wait(ds_full.index(it % 2), (it // 2) & 1)
                     dq_tok = warpgroup_mma(
                         ds_tile.permute((1, 0)),
-                        k_rows,
-                        gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout),
+                        dq_cols,
+                        gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout),
                         use_acc=False,
                         is_async=True,
                     )
@@ -281,7 +306,14 @@ def _dkdv_consumer(
                     dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
                 cta_barrier()  # every warp of this partition is done with this stage
                 mbarrier.arrive(empty.index(stage))
-                if DQ_ATOMIC:  # through shared memory into rows of 4-wide atomics: few addresses live
+                if DQ_ATOMIC and NUM_CONSUMERS == 2:  # one TMA reduce-add of this partition's columns
+                    tma_store_wait(0)  # the previous tile's reduction has read dq_smem
+                    cta_barrier()
+                    dq_tile.store(dq)
+                    fence_async_shared()
+                    cta_barrier()
+                    tma_reduce_add(dq_desc, [m0, head * HEAD_DIM + WG * DQ_COLS], dq_tile)
+                elif DQ_ATOMIC:  # through shared memory into rows of 4-wide atomics: few addresses live
                     dq = gl.convert_layout(dq, dq_add_layout)
                     dq_rows = gl.expand_dims(
                         m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_add_layout)), 1
@@ -309,6 +341,8 @@ def _dkdv_consumer(
             dv += gl.load(dv_ptrs, mask=mask, other=0.0).to(gl.float32)
         gl.store(dk_ptrs, dk.to(dk_base.dtype.element_ty), mask=mask)
         gl.store(dv_ptrs, dv.to(dv_base.dtype.element_ty), mask=mask)
+    if DQ_ATOMIC and NUM_CONSUMERS == 2:
+        tma_store_wait(0)  # dq_smem stays allocated until the last reduction has read it
 
 
 @gluon.jit
@@ -346,12 +380,20 @@ def _dkdv_kernel(
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], smem)
     q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
-    WG_ROWS: gl.constexpr = BLOCK_N // NUM_CONSUMERS
-    if DQ_ATOMIC:  # dS^T per consumer, double-buffered: the A operand of dQ = dS K
-        ds_smem = gl.allocate_shared_memory(dtype, [2 * NUM_CONSUMERS, WG_ROWS, BLOCK_M], smem)
-    else:
-        ds_smem = k_smem  # unused
+    # dS^T of the tile, double-buffered: the A operand of dQ = dS K (unused without DQ_ATOMIC)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], smem) if DQ_ATOMIC else k_smem
     kv_ready, kv_empty, ready, empty = _barriers(NUM_STAGES=NUM_STAGES, NUM_CONSUMERS=NUM_CONSUMERS)
+    if DQ_ATOMIC and NUM_CONSUMERS == 2:  # each partition's dQ columns, the source of its TMA reduce-add
+        DQ_COLS: gl.constexpr = HEAD_DIM // 2
+        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS], gl.float32)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_layout)
+        ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(ds_full.index(i), count=2)
+        fence_async_shared()
+    else:
+        dq_smem = k_smem  # unused
+        ds_full = kv_ready  # unused
     dk_base = dk_head + k_start.to(gl.int64) * stride_dkt
     dv_base = dv_head + k_start.to(gl.int64) * stride_dvt
     first = gl.program_id(0)
@@ -359,7 +401,7 @@ def _dkdv_kernel(
     consumer = (
         lse_ptr, delta_ptr, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh,
         stride_lse_h, q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem,
-        v_smem, q_smem, do_smem, ds_smem, kv_ready, kv_empty, ready, empty,
+        v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
     )  # fmt: skip
     producer = (
         q_ptr + q_start.to(gl.int64) * stride_qt, do_ptr + q_start.to(gl.int64) * stride_dot,
