@@ -3,7 +3,7 @@
 bf16, 16 heads, causal, packed documents of uniform random length in [512, 8192] filling 32k
 tokens, head dims 128 and 64. One tl forward gives ``out`` / ``lse``; each backward (:data:`PROVIDERS`:
 ``thd.ops.attention.launch.backward``, and ``thd.ops.attention.gluon.backward.backward`` with its
-default tiles and split dQ, with fp32 atomic dQ (two partitions: a TMA reduce-add per tile), and
+defaults, with split dQ, with fp32 atomic dQ (two partitions: a TMA reduce-add per tile), and
 with one consumer partition, split or atomic dQ) is then called back to back
 between one pair of CUDA events; each record also holds its relative difference to the tl gradients.
 TFLOP/s count the backward as 2.5x the causal forward on real tokens.
@@ -50,10 +50,12 @@ def _inputs(lengths: list[int], heads: int, dim: int) -> tuple[Any, ...]:
     return q, k, v, do, layout
 
 
-# provider -> (ATOMIC_DQ, tile table) of the Gluon backward; None: the tl backward
-PROVIDERS: dict[str, tuple[bool, dict] | None] = {
+# provider -> (ATOMIC_DQ, tile table) of the Gluon backward (ATOMIC_DQ None: the default per head
+# dim); None: the tl backward
+PROVIDERS: dict[str, tuple[bool | None, dict] | None] = {
     "tl": None,
-    "gluon": (False, dict(gluon_backward.TILES)),
+    "gluon": (None, dict(gluon_backward.TILES)),
+    "gluon-split-dq": (False, dict(gluon_backward.TILES)),
     "gluon-atomic-dq": (True, dict(gluon_backward.TILES)),
     "gluon-1-consumer": (False, dict(gluon_backward.ONE_CONSUMER_TILES)),
     "gluon-atomic-dq-1-consumer": (True, dict(gluon_backward.ONE_CONSUMER_TILES)),

@@ -19,7 +19,7 @@ variable                  read        meaning
 ``THD_DQ_MODE``           kernels     ``0|1|2``: how the non-deterministic backward adds dQ.
 ``THD_FWD_MAX_REGISTERS`` kernels     register cap of small-head-dim forward tiles (``0``: none).
 ``THD_GLUON_BWD_CONSUMERS`` kernels   ``1`` | ``2`` (default): consumer partitions of the Gluon backward.
-``THD_GLUON_DQ_ATOMIC``   kernels     ``1``: the non-deterministic Gluon backward adds dQ by fp32 atomics.
+``THD_GLUON_DQ_ATOMIC``   kernels     ``0|1``: how the non-deterministic Gluon backward adds dQ.
 ``THD_FAST_LAUNCH``       1st launch  ``1`` (default) | ``0`` | ``verify`` | ``force``: cached launches
                                       (:func:`thd._runtime.launcher.reload_settings` reads it again).
 ``THD_VALIDATE``          import      default of :func:`thd.layout.set_validation` (``0`` off,
@@ -83,12 +83,13 @@ class Settings:
     dq_mode: int | None  # None: the measured default
     fwd_max_registers: int
     gluon_bwd_consumers: int = 2
-    gluon_dq_atomic: bool = False
+    gluon_dq_atomic: bool | None = None  # None: the measured default per head dim
 
     @classmethod
     def from_environ(cls) -> Settings:
         interpret = os.environ.get("TRITON_INTERPRET") == "1"
         dq_mode = env_int("THD_DQ_MODE", -1, range(3))
+        atomic = env_int("THD_GLUON_DQ_ATOMIC", -1, range(2))
         return cls(
             interpret=interpret,
             autotune=os.environ.get("THD_AUTOTUNE", "0") == "1" and not interpret,
@@ -97,7 +98,7 @@ class Settings:
             dq_mode=None if dq_mode < 0 else dq_mode,
             fwd_max_registers=env_int("THD_FWD_MAX_REGISTERS", 168, range(256)),
             gluon_bwd_consumers=env_int("THD_GLUON_BWD_CONSUMERS", 2, range(1, 3)),
-            gluon_dq_atomic=os.environ.get("THD_GLUON_DQ_ATOMIC", "0") == "1",
+            gluon_dq_atomic=None if atomic < 0 else bool(atomic),
         )
 
 

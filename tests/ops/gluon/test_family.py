@@ -37,7 +37,7 @@ def test_auto_preference_follows_the_measurements() -> None:
         forward, backward = _calls(dim)
         assert not family.auto_forward(forward)  # short documents: tl measured faster
         assert family.auto_backward(backward) == (dim in family.AUTO_BACKWARD_HEAD_DIMS)
-    assert family.AUTO_BACKWARD_HEAD_DIMS == (128,)
+    assert family.AUTO_BACKWARD_HEAD_DIMS == (64, 128)
     # the forward: head dim 128 and a stated max_seqlen_q above 1024 tokens
     assert family.auto_forward(_calls(128, max_seqlen=1025)[0])
     assert not family.auto_forward(_calls(128, max_seqlen=1024)[0])

@@ -89,11 +89,12 @@ TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
 }
 TILES = dict(TWO_CONSUMER_TILES if _SETTINGS.gluon_bwd_consumers == 2 else ONE_CONSUMER_TILES)
 # How the non-deterministic backward adds dQ: False its own kernel (as the deterministic backward
-# does), True fp32 atomics from the dK/dV kernel. False on the H200: the split kernels took 5.57 /
-# 4.01 ms against the atomics' 6.09 / 4.12 ms at D128 / D64 (gluon-bwd-run1.json; one-partition
-# kernels both; 5.60 / 3.99 against 6.22 / 4.16 in gluon-bwd-structures-6c44123.json).
-# ``THD_GLUON_DQ_ATOMIC=1`` (read at import) selects the atomics.
-ATOMIC_DQ = _SETTINGS.gluon_dq_atomic
+# does), True fp32 from the dK/dV kernel (a TMA reduce-add per tile with two partitions); None: per
+# head dim, ATOMIC_DQ_BY_HEAD_DIM. Measured on the H200 (gluon-bwd-atomic-5263879.json, two
+# partitions): 5.07 ms split against 5.14 ms atomic at head dim 128 (where the atomic kernel spills
+# 680 bytes), 3.48 against 3.07 ms at 64. ``THD_GLUON_DQ_ATOMIC=0|1`` (read at import) fixes it.
+ATOMIC_DQ: bool | None = _SETTINGS.gluon_dq_atomic
+ATOMIC_DQ_BY_HEAD_DIM = {64: True, 128: False}
 _PREPROCESS_ROWS = 64
 
 
@@ -147,8 +148,8 @@ def _readable(t: Tensor) -> Tensor:
 
 def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dsinks)`` as :func:`thd.ops.attention.launch.backward` returns them: padding
-    rows 0; dQ from its own (bitwise-reproducible) kernel, or by fp32 atomics with
-    :data:`ATOMIC_DQ` unless ``options.deterministic`` (or ``torch.use_deterministic_algorithms``);
+    rows 0; dQ from its own (bitwise-reproducible) kernel, or added in fp32 by the dK/dV kernel as
+    :data:`ATOMIC_DQ` says, unless ``options.deterministic`` (or ``torch.use_deterministic_algorithms``);
     ``accumulate=(dq, dk, dv)`` (fp32) adds this launch's gradients on its real rows only."""
     from thd.ops.attention.gluon import backward_kernel as kernels
 
@@ -160,8 +161,8 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
     assert max_q is not None and max_kv is not None
     deterministic = options.deterministic or torch.are_deterministic_algorithms_enabled()
-    atomic = ATOMIC_DQ and not deterministic
     head_dim = q.shape[2]
+    atomic = (ATOMIC_DQ_BY_HEAD_DIM[head_dim] if ATOMIC_DQ is None else ATOMIC_DQ) and not deterministic
     dq, dk, dv = gradient_buffers(call, atomic_dq=atomic)
     delta = torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None

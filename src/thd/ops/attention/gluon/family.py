@@ -6,12 +6,12 @@ their ``supports_*`` are :mod:`~thd.ops.attention.gluon.forward`'s and
 ``supports_*`` say whether the family can run a call (``THD_KERNELS=gluon`` runs it then);
 ``auto_*`` whether ``THD_KERNELS=auto`` should prefer it over ``tl`` for a supported call, from
 what was measured on the H200 in the same runs as tl (benchmarks/results/gluon-fwd-*.json,
-gluon-bwd-run2.json): the Gluon forward (K and V released apart, since 2d97471) ran at 1.05-1.16x
+gluon-bwd-atomic-5263879.json): the Gluon forward (K and V released apart, since 2d97471) ran at 1.05-1.16x
 tl's TFLOP/s at head dim 128 on documents of up to 4096 and 8192 tokens, but 0.85-0.90x on documents
 of 64-1024 tokens and 0.93-1.05x at head dim 64, so ``auto`` takes it at head dim 128 when the call
 states ``max_seqlen_q`` above 1024 (a host value: nothing is read from the device to decide); the
-Gluon backward took 0.90x tl's time at head dim 128 and 1.17x at 64, so ``auto`` takes it at 128
-only.
+Gluon backward (two consumer partitions; at head dim 64 dQ by TMA reduce-add) took 0.82x tl's time
+at head dim 128 and 0.89x at 64 on 512-8192-token documents, so ``auto`` takes it at both.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from thd.ops.attention.params import BackwardCall, ForwardCall
 
 __all__ = ["auto_backward", "auto_forward", "backward", "forward", "supports_backward", "supports_forward"]
 
-AUTO_BACKWARD_HEAD_DIMS = (128,)
+AUTO_BACKWARD_HEAD_DIMS = (64, 128)
 """Head dims whose Gluon backward measured faster than tl's (``auto`` picks it there)."""
 
 
