@@ -52,9 +52,11 @@ def _tile(text: str) -> gluon_forward.GluonTile:
             f"expected BMxBNwWARPSsSTAGEScCONSUMERS[rMAXNREGpCTAS], got {text!r}"
         )
     bm, bn, warps, stages, consumers, maxnreg, ctas = m.groups()
+    three = consumers == "3"  # four warpgroups: FA3's 160 registers per consumer, 128 per thread overall
     return gluon_forward.GluonTile(
         int(bm), int(bn), int(warps), int(stages), int(consumers),
-        maxnreg=int(maxnreg or 168), ctas_per_sm=int(ctas or 1),
+        maxnreg=int(maxnreg or (128 if three else 168)), ctas_per_sm=int(ctas or 1),
+        consumer_regs=160 if three else 240,
     )  # fmt: skip
 
 

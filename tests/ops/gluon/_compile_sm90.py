@@ -85,10 +85,17 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
         "SLOTS": True,
     }
     meta.update(flags)
-    num_warps = 4 if meta["NUM_WG"] == 2 else 8
+    num_warps = 4 if meta["NUM_WG"] > 1 else 8
     fp32 = frozenset({"lse_ptr", "sinks_ptr"})
     return Config(
-        "forward_kernel", "attention_fwd_kernel", dtype, meta, fp32, num_warps, {"maxnreg": 168}, True
+        "forward_kernel",
+        "attention_fwd_kernel",
+        dtype,
+        meta,
+        fp32,
+        num_warps,
+        {"maxnreg": 128 if meta["NUM_WG"] == 3 else 168},
+        True,
     )
 
 
@@ -117,6 +124,7 @@ CONFIGS: dict[str, Config] = {
     "d128-causal-bf16": _forward(),
     "d128-causal-bf16-one-consumer": _forward(NUM_WG=1),
     "d64-fp16": _forward(64, 64, "fp16", HAS_RIGHT=False, STAGES=3, SLOTS=False),
+    "d64-three-consumers": _forward(64, 64, BLOCK_M=192, STAGES=3, NUM_WG=3, CONSUMER_REGS=160),
     "d128-variants-bf16": _forward(
         HAS_LEFT=True, HAS_POSITIONS=True, SOFTCAP=True, HAS_SINKS=True, ACCUMULATE=True, FOLD_SCALE=False
     ),

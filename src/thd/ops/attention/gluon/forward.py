@@ -35,8 +35,9 @@ __all__ = ["GluonTile", "TILES", "forward", "supports_forward", "tile_for"]
 class GluonTile(WarpSpecializedTile):
     """The forward's tile: query rows per work item (``block_m``, split over the consumer
     warpgroups), key rows per stage (``block_n``), warps of the default partition, the K/V ring's
-    depth, the consumer partitions (2: two 4-warp warpgroups of ``block_m / 2`` rows taking turns,
-    FA3's ping-pong; 1: the default partition alone), the kernel's per-thread register cap (the
+    depth, the consumer partitions (2 or 3: 4-warp warpgroups of ``block_m / consumers`` rows taking
+    turns, FA3's ping-pong, 3 with ``maxnreg=128, consumer_regs=160`` as FA3's 192-row head-dim-64
+    tile; 1: the default partition alone), the kernel's per-thread register cap (the
     default partition gets the rest) and how many persistent programs share an SM; the producer's
     and second consumer's registers as :class:`WarpSpecializedTile`'s."""
 

@@ -130,7 +130,7 @@ def _head_rows(ptr, start, stride_t, head, stride_h, num_rows, BLOCK_R: gl.const
 
 
 @gluon.jit
-def _load_item(item, kv_head, q_buf, q_full, ring, it):
+def _load_item(item, kv_head, q_smem, first_part, q_full, ring, it, PARTS: gl.constexpr):
     """One work item's copies: descriptors bounded by the sequence's real rows (rows past them read
     as zeros), Q into ``q_buf``, then the K and V tiles ``[a, end)`` into the ``ring`` of stages.
     Tile shapes come from the shared-memory buffers."""
@@ -139,14 +139,14 @@ def _load_item(item, kv_head, q_buf, q_full, ring, it):
         head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
     ) = item  # fmt: skip
     k_smem, v_smem, k_full, v_full, k_empty, v_empty = ring
-    BLOCK_M: gl.constexpr = q_buf.shape[0]
-    HEAD_DIM: gl.constexpr = q_buf.shape[1]
+    ROWS: gl.constexpr = q_smem.shape[1]  # Q in PARTS buffers from first_part: one per consumer
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
     q_desc = _head_rows(
         ptr=q_ptr, start=q_start, stride_t=stride_qt, head=head, stride_h=stride_qh, num_rows=seqlen_q,
-        BLOCK_R=BLOCK_M, WIDTH=HEAD_DIM,
+        BLOCK_R=ROWS, WIDTH=HEAD_DIM,
     )  # fmt: skip
     k_desc = _head_rows(
         ptr=k_ptr, start=k_start, stride_t=stride_kt, head=kv_head, stride_h=stride_kh, num_rows=seqlen_k,
@@ -156,8 +156,9 @@ def _load_item(item, kv_head, q_buf, q_full, ring, it):
         ptr=v_ptr, start=k_start, stride_t=stride_vt, head=kv_head, stride_h=stride_vh, num_rows=seqlen_k,
         BLOCK_R=BLOCK_N, WIDTH=HEAD_DIM_V,
     )  # fmt: skip
-    mbarrier.expect(q_full, q_desc.block_type.nbytes)
-    tma_load(q_desc, [m_block * BLOCK_M, 0], q_full, q_buf)
+    mbarrier.expect(q_full, PARTS * q_desc.block_type.nbytes)
+    for part in gl.static_range(PARTS):
+        tma_load(q_desc, [(m_block * PARTS + part) * ROWS, 0], q_full, q_smem.index(first_part + part))
     for kn in range(a, end, BLOCK_N):
         s = it % STAGES
         free = ((it // STAGES) & 1) ^ 1
@@ -173,8 +174,9 @@ def _load_item(item, kv_head, q_buf, q_full, ring, it):
 
 @gluon.jit
 def _producer(
-    args, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr
-):
+    args, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    NUM_WG: gl.constexpr,
+):  # fmt: skip
     """The copies of this program's work items, in the order the consumer reads them. Q and the
     descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
     consumer to release that buffer's Q, which it does once it has read every tile of that item.
@@ -188,7 +190,7 @@ def _producer(
     ring = (k_smem, v_smem, k_full, v_full, k_empty, v_empty)
     it = 0
     t = 0
-    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    BLOCK_M: gl.constexpr = NUM_WG * q_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
         head, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
@@ -202,9 +204,9 @@ def _producer(
             head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
         )  # fmt: skip
         if qi == 0:  # two call sites: two descriptor sets in the global scratch
-            it = _load_item(item, head // GROUP, q_smem.index(0), q_bars.index(0), ring, it)
+            it = _load_item(item, head // GROUP, q_smem, 0, q_bars.index(0), ring, it, NUM_WG)
         else:
-            it = _load_item(item, head // GROUP, q_smem.index(1), q_bars.index(1), ring, it)
+            it = _load_item(item, head // GROUP, q_smem, NUM_WG, q_bars.index(1), ring, it, NUM_WG)
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
 
 
@@ -266,18 +268,21 @@ def _release(bar):
 
 @gluon.jit
 def _turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr, k):
-    """Ping-pong of two consumer warpgroups: wait until the other one issued its matrix products
-    (the ``k``-th turn of warpgroup ``WG``; warpgroup 0 goes first), so one group's softmax runs
-    while the other's products occupy the tensor cores. Returns the next turn's ``k``."""
-    if NUM_WG == 2:
-        mbarrier.wait(turns.index(WG), (k & 1) ^ (1 - WG))
+    """Ping-pong of the consumer warpgroups: wait until the previous one issued its matrix products
+    (the ``k``-th turn of warpgroup ``WG``; warpgroup 0 goes first, then 1, ..., round robin), so
+    one group's softmax runs while another's products occupy the tensor cores. Returns the next
+    turn's ``k``."""
+    FIRST: gl.constexpr = 1 if WG == 0 else 0  # warpgroup 0's first wait passes at once
+    if NUM_WG > 1:
+        mbarrier.wait(turns.index(WG), (k & 1) ^ FIRST)
     return k + 1
 
 
 @gluon.jit
 def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
-    if NUM_WG == 2:
-        mbarrier.arrive(turns.index(1 - WG))
+    NEXT: gl.constexpr = (WG + 1) % NUM_WG
+    if NUM_WG > 1:
+        mbarrier.arrive(turns.index(NEXT))
 
 
 @gluon.jit
@@ -296,11 +301,11 @@ def _consumer(
         seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
         rows_q, rows_k, window_left, window_right, sm_scale, softcap,
     ) = args  # fmt: skip
-    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    ROWS: gl.constexpr = q_smem.shape[1]
+    BLOCK_M: gl.constexpr = ROWS * NUM_WG
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
-    ROWS: gl.constexpr = BLOCK_M // NUM_WG
     W: gl.constexpr = gl.num_warps()
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BLOCK_N, 16]
@@ -340,9 +345,7 @@ def _consumer(
             l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
             acc = gl.zeros([ROWS, HEAD_DIM_V], gl.float32, layout=o_layout)
         qi = t & 1
-        q_buf = q_smem.index(qi)
-        if NUM_WG == 2:
-            q_buf = q_buf.slice(WG * ROWS, ROWS, dim=0)
+        q_buf = q_smem.index(qi * NUM_WG + WG)
         mbarrier.wait(q_bars.index(qi), (t >> 1) & 1)
         num_tiles = gl.cdiv(end - a, BLOCK_N)
         if num_tiles > 0:
@@ -431,10 +434,14 @@ def attention_fwd_kernel(
     total = gl.load(count_ptr) * num_heads
 
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    ROWS: gl.constexpr = BLOCK_M // NUM_WG  # query rows per consumer warpgroup
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM_V], dtype)
-    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_layout)
+    # two query tiles (double-buffered by item parity), each in one part per consumer warpgroup
+    # (shapes are powers of two: with three warpgroups two parts are spare)
+    Q_PARTS: gl.constexpr = 8 if NUM_WG == 3 else 2 * NUM_WG
+    q_smem = gl.allocate_shared_memory(dtype, [Q_PARTS, ROWS, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM_V], v_layout)
     q_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # full 0, 1; empty 0, 1
@@ -442,10 +449,11 @@ def attention_fwd_kernel(
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(q_bars.index(2 + i), count=NUM_WG)
+    for i in gl.static_range(NUM_WG):
         mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_full.index(i), count=1)
@@ -469,14 +477,28 @@ def attention_fwd_kernel(
         num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
         window_left, window_right,
     )  # fmt: skip
-    if NUM_WG == 2:  # two 4-warp consumer partitions taking turns, and the producer warp
+    if NUM_WG == 3:  # three 4-warp consumer partitions taking turns, and the producer warp
+        gl.warp_specialize(
+            [
+                (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
+                             ACCUMULATE, 0, 3)),
+                (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
+                             ACCUMULATE, 1, 3)),
+                (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
+                             ACCUMULATE, 2, 3)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG)),
+            ],
+            [4, 4, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    elif NUM_WG == 2:  # two 4-warp consumer partitions taking turns, and the producer warp
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
                              ACCUMULATE, 0, 2)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
                              ACCUMULATE, 1, 2)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -486,7 +508,7 @@ def attention_fwd_kernel(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
                              ACCUMULATE, 0, 1)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG)),
             ],
             [1],
             [PRODUCER_REGS],
