@@ -123,8 +123,10 @@ CONFIGS: dict[str, Config] = {
     # forward
     "d128-causal-bf16": _forward(),
     "d128-causal-bf16-one-consumer": _forward(NUM_WG=1),
-    "d64-fp16": _forward(64, 64, "fp16", HAS_RIGHT=False, STAGES=3, SLOTS=False),
-    "d64-three-consumers": _forward(64, 64, BLOCK_M=192, STAGES=3, NUM_WG=3, CONSUMER_REGS=160),
+    "d64-fp16": _forward(
+        64, 64, "fp16", HAS_RIGHT=False, STAGES=3, SLOTS=False, BLOCK_M=192, NUM_WG=3, CONSUMER_REGS=160
+    ),
+    "d64-two-consumers": _forward(64, 64, STAGES=3),
     "d128-variants-bf16": _forward(
         HAS_LEFT=True, HAS_POSITIONS=True, SOFTCAP=True, HAS_SINKS=True, ACCUMULATE=True, FOLD_SCALE=False
     ),

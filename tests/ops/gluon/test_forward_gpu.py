@@ -101,15 +101,18 @@ def test_forward_head_dims_and_groups(dim: int, dim_v: int, heads_q: int, heads_
     _run(LAYOUTS["slots128"], heads_q, heads_kv, dim, dim_v, BF16, AttentionOptions(0.1, causal=True))
 
 
-THREE_CONSUMERS = gluon_forward.GluonTile(192, 128, 4, 3, consumers=3, maxnreg=128, consumer_regs=160)
+TWO_CONSUMERS = gluon_forward.GluonTile(128, 128, 4, 3)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_three_consumer_warpgroups(name: str, causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """192-row query tiles over three 4-warp consumer partitions taking turns (FA3's head-dim-64
-    tile; at 128 its Q buffers and K/V ring would not fit in shared memory)."""
-    monkeypatch.setitem(gluon_forward.TILES, 64, THREE_CONSUMERS)
+def test_two_consumer_warpgroups_at_head_dim_64(
+    name: str, causal: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head-dim-128 structure (two 64-row consumer partitions) at 64, where the default tile
+    has three (``TILES[64]``)."""
+    assert gluon_forward.TILES[64].consumers == 3
+    monkeypatch.setitem(gluon_forward.TILES, 64, TWO_CONSUMERS)
     _run(LAYOUTS[name], 4, 2, 64, 64, BF16, AttentionOptions(64**-0.5, causal=causal))
 
 

@@ -58,9 +58,12 @@ class GluonTile(WarpSpecializedTile):
         return text
 
 
-# max(D, Dv) -> tile. Two consumer warpgroups of 64 rows each, FA3's 240/24 register split.
+# max(D, Dv) -> tile. Head dim 128: two consumer warpgroups of 64 rows each, FA3's 240/24 register
+# split. Head dim 64: three of 64 rows at 160 registers (FA3's 192-row tile): 399 / 318 / 144 TFLOP/s
+# against two's 374 / 305 / 123 on 32k of 512-8192 / 16k of 256-4096 / 16k of 64-1024 tokens
+# (gluon-fwd-consumers-53cfff1.json, H200; the tl forward there: 406 / 348 / 207).
 TILES: dict[int, GluonTile] = {
-    64: GluonTile(128, 128, 4, 3),
+    64: GluonTile(192, 128, 4, 3, consumers=3, maxnreg=128, consumer_regs=160),
     128: GluonTile(128, 128, 4, 2),
 }
 
