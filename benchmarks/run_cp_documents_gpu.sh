@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 25 on one GPU: the document-aware CP GPU tests, then bench_cp_documents.py's balance
-# (long-tail and 64-1024 mixes at cp 2/4/8, both plans; the uniform ring at cp 8 on 1024-8192)
-# and overlap parts. Run from the repository root:
+# (long-tail and 64-1024 mixes at cp 2/4/8, both plans), overlap (long-tail, cp 2/4/8) and the
+# uniform ring's balance at cp 8 on 1024-8192, in that order. Run from the repository root:
 #
 #   OUT=/path/to/out COMMIT=<sha> bash benchmarks/run_cp_documents_gpu.sh
 #
@@ -38,12 +38,12 @@ step() {  # step NAME CAP_S COMMAND...: COMMAND under `timeout`, its output in $
 }
 
 bench=("$PY" benchmarks/bench_cp_documents.py --commit "$COMMIT" --rep-ms 24 --trials 3 --warmup 2)
-step pytest 75 "$PY" -m pytest -q -rfE -p no:cacheprovider -m gpu --durations=8 \
+step pytest 80 "$PY" -m pytest -v -rfE -p no:cacheprovider -m gpu --durations=8 \
     --junitxml="$OUT/cp25-pytest.xml" tests/cp/test_documents.py tests/cp/test_document_partition.py
-step balance 100 "${bench[@]}" --out "$OUT/cp-documents-balance-mixes-$tag.json" --parts balance \
-    --mixes long-tail 64-1024 --cp 2 4 8 "${extra[@]}"
-step uniform8 25 "${bench[@]}" --out "$OUT/cp-documents-balance-uniform8-$tag.json" --parts balance \
-    --mixes 1024-8192 --cp 8 --plans uniform "${extra[@]}"
+step balance 95 "${bench[@]}" --out "$OUT/cp-documents-balance-mixes-$tag.json" --parts balance \
+    --mixes long-tail 64-1024 --cp 2 4 8 ${extra[@]+"${extra[@]}"}
 step overlap 35 "${bench[@]}" --out "$OUT/cp-documents-overlap-$tag.json" --parts overlap \
-    --mixes long-tail --cp 2 4 8 "${extra[@]}"
+    --mixes long-tail --cp 2 4 8 ${extra[@]+"${extra[@]}"}
+step uniform8 20 "${bench[@]}" --out "$OUT/cp-documents-balance-uniform8-$tag.json" --parts balance \
+    --mixes 1024-8192 --cp 8 --plans uniform ${extra[@]+"${extra[@]}"}
 echo "total wall $((SECONDS - start)) s" | tee -a "$steps"
