@@ -170,35 +170,6 @@ def test_document_attention_as_threads_gpu(cp: int, monkeypatch: pytest.MonkeyPa
 # ----------------------------------------------------------------------------- overlap
 
 
-class _SelfComm:
-    """A rank alone: every exchange hands the rank back the tensors it sent (by tag; NaN, which
-    its own padding rows hold, as 0: another rank's block has its real rows where this one may
-    have padding), so the ring runs its own loops, forward and backward under autograd, on
-    deterministic data in one thread. The values are not a real ring's; the test compares two
-    ways of computing them."""
-
-    transport = "self"
-
-    def __init__(self, size: int, rank: int) -> None:
-        self.size, self.rank = size, rank
-
-    def send(self, tensor: torch.Tensor, offset: int, tag: int) -> tuple[bool, torch.Tensor, int]:
-        return True, tensor, tag
-
-    def recv(self, tensor: torch.Tensor, offset: int, tag: int) -> tuple[bool, torch.Tensor, int]:
-        return False, tensor, tag
-
-    def start(self, ops: list[tuple[bool, torch.Tensor, int]]) -> _SelfComm:
-        sent = {tag: t for is_send, t, tag in ops if is_send}
-        for is_send, t, tag in ops:
-            if not is_send:
-                t.copy_(sent[tag].nan_to_num(0.0))
-        return self
-
-    def wait(self) -> None:
-        """Every receive completed in ``start``."""
-
-
 def _check_overlap_is_exact(
     cp: int, batch: Batch, variant, heads, device: str, dtype: torch.dtype, monkeypatch
 ) -> None:
@@ -208,7 +179,7 @@ def _check_overlap_is_exact(
     local one) under deterministic kernels; NaN-poisoned buffer padding; on CUDA the overlapped
     call synchronizes nothing with the host."""
     import thd
-    import thd.cp.ring as ring_mod
+    from tests.cp._thread_ring import SelfComm, one_rank_ring
     from thd.cp import (
         document_attention,
         document_layout,
@@ -218,10 +189,8 @@ def _check_overlap_is_exact(
     )
 
     causal, window, softcap, with_sinks = variant
-    comm: list[_SelfComm] = []
-    monkeypatch.setattr(ring_mod, "resolve_group", lambda fn, group: group)
-    monkeypatch.setattr(ring_mod, "ring_comm", lambda group, like: comm[-1])
-    monkeypatch.setattr(ring_mod, "_host_reads_allowed", lambda *args: False)
+    comm: list[SelfComm] = []
+    one_rank_ring(monkeypatch, lambda: comm[-1])
     plan = plan_documents(batch.lengths, cp)
     assert plan.ring_documents and any(plan.local_documents), plan
     (q, k, v, do), sinks = make_inputs(batch, heads, 5, device, dtype)
@@ -261,7 +230,7 @@ def _check_overlap_is_exact(
         lay = document_layout(plan, rank, device=device, offsets=batch.offsets)
         if not (lay.has_local and lay.has_ring):
             continue
-        comm.append(_SelfComm(cp, rank))
+        comm.append(SelfComm(cp, rank))
         shards = [partition_documents(t, lay) for t in (q, k, v, do)]
         for t in shards:
             t[~lay.valid] = float("nan")  # the buffer's padding is never read
