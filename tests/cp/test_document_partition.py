@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -82,6 +84,19 @@ def test_errors() -> None:
         document_attention(q, q, q, plan)  # type: ignore[arg-type]
 
 
+def _capture(step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``step`` warmed up (compiled) on a side stream, then captured: the graph and its output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_partition_and_local_attention_under_cuda_graph_gpu() -> None:
@@ -99,14 +114,7 @@ def test_partition_and_local_attention_under_cuda_graph_gpu() -> None:
         q = partition_documents(x, static)
         return document_attention(q, q, q, static, causal=True)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up (compiles) outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = _capture(step)
     for layout in layouts:
         static.index.copy_(layout.index)
         static.valid.copy_(layout.valid)
@@ -138,14 +146,7 @@ def test_overlapped_document_attention_under_cuda_graph_gpu(monkeypatch: pytest.
         with torch.no_grad():
             return document_attention(q, k, v, layout, causal=True)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up (compiles) outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = _capture(step)
     for seed in (0, 1):
         if seed:
             for t in (q, k, v):
