@@ -256,6 +256,7 @@ def measure_balance(
             for name in args.plans:
                 plan = plan_documents(lengths, cp, cost=cost, ring_threshold=thresholds[name])
                 ring_lengths = [lengths[d] for d in plan.ring_documents]
+                started = time.perf_counter()
                 try:
                     per_rank = _rank_times(plan, ring_lengths, args, device)
                 except Exception as exc:  # recorded, never raised: the other cases still run
@@ -272,6 +273,7 @@ def measure_balance(
                         "rank_ms": ranks, "max_ms": max(totals), "mean_ms": mean,
                         "max_over_mean": max(totals) / mean if mean > 0 else None,
                         "model_imbalance": plan.imbalance, "buffer_rows": plan.rows, **_mix_facts(lengths),
+                        "case_s": time.perf_counter() - started,  # wall time of the case, both modes
                     })  # fmt: skip
                 print(f"done balance {name} mix={mix} cp={cp}", file=sys.stderr, flush=True)
                 checkpoint(out)
@@ -366,6 +368,7 @@ def measure_overlap(
             lengths = document_lengths(cp * args.tokens, mix, args.seed + 1000 * cp)
             plan = plan_documents(lengths, cp, cost=cost)
             ranks: dict[str, list[dict[str, Any]]] = {m: [] for m in args.modes}
+            started = time.perf_counter()
             try:
                 with _loopback_ring(comm):
                     for rank in range(cp):
@@ -380,7 +383,8 @@ def measure_overlap(
                 continue
             for mode, per_rank in ranks.items():
                 row = _overlap_row(mix, cp, mode, per_rank, args)
-                row.update(docs=len(lengths), ring_documents=len(plan.ring_documents), **_mix_facts(lengths))
+                row.update(docs=len(lengths), ring_documents=len(plan.ring_documents), **_mix_facts(lengths),
+                           case_s=time.perf_counter() - started)  # fmt: skip
                 out.append(row)
             print(f"done overlap mix={mix} cp={cp}", file=sys.stderr, flush=True)
             checkpoint(out)

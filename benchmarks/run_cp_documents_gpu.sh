@@ -38,9 +38,9 @@ step() {  # step NAME CAP_S COMMAND...: COMMAND under `timeout`, its output in $
 }
 
 bench=("$PY" benchmarks/bench_cp_documents.py --commit "$COMMIT" --rep-ms 24 --trials 3 --warmup 2)
-step pytest 80 "$PY" -m pytest -v -rfE -p no:cacheprovider -m gpu --durations=8 \
+step pytest 85 "$PY" -m pytest -v -rfE -p no:cacheprovider -m gpu --durations=8 \
     --junitxml="$OUT/cp25-pytest.xml" tests/cp/test_documents.py tests/cp/test_document_partition.py
-step balance 95 "${bench[@]}" --out "$OUT/cp-documents-balance-mixes-$tag.json" --parts balance \
+step balance 90 "${bench[@]}" --out "$OUT/cp-documents-balance-mixes-$tag.json" --parts balance \
     --mixes long-tail 64-1024 --cp 2 4 8 ${extra[@]+"${extra[@]}"}
 step overlap 35 "${bench[@]}" --out "$OUT/cp-documents-overlap-$tag.json" --parts overlap \
     --mixes long-tail --cp 2 4 8 ${extra[@]+"${extra[@]}"}
