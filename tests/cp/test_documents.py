@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -198,14 +199,14 @@ def _check_overlap_is_exact(
     kw = {"causal": causal, "window_size": window, "softcap": softcap}
     split = plan.ring_rows
 
-    def whole(shards, overlap: bool) -> list[torch.Tensor | None]:
+    def whole(lay, shards, overlap: bool) -> list[torch.Tensor | None]:
         leaves = [t.detach().clone().requires_grad_() for t in shards[:3]]
         s = None if sinks is None else sinks.detach().clone().requires_grad_()
         out, lse = document_attention(*leaves, lay, return_lse=True, overlap=overlap, sinks=s, **kw)
         grads = torch.autograd.grad(out, [*leaves, *([s] if s is not None else [])], shards[3])
         return [out, lse, *grads]
 
-    def parts(shards) -> list[torch.Tensor | None]:
+    def parts(lay, shards) -> list[torch.Tensor | None]:
         ring_leaves = [t[:split].detach().clone().requires_grad_() for t in shards[:3]]
         local_leaves = [t[split:].detach().clone().requires_grad_() for t in shards[:3]]
         s_ring = None if sinks is None else sinks.detach().clone().requires_grad_()
@@ -234,16 +235,16 @@ def _check_overlap_is_exact(
         shards = [partition_documents(t, lay) for t in (q, k, v, do)]
         for t in shards:
             t[~lay.valid] = float("nan")  # the buffer's padding is never read
-        want = parts(shards)  # also compiles: the overlapped call below runs warm
+        want = parts(lay, shards)  # also compiles: the overlapped call below runs warm
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
         try:
-            overlapped = whole(shards, overlap=True)
+            overlapped = whole(lay, shards, overlap=True)
         finally:
             if device == "cuda":
                 torch.cuda.set_sync_debug_mode(0)
-        serial = whole(shards, overlap=False)
+        serial = whole(lay, shards, overlap=False)
         names = ("out", "lse", "dq", "dk", "dv", "dsinks")
         for name, w, a, b in zip(names, want, overlapped, serial, strict=False):
             label = f"{batch.name} rank={rank} variant={variant}: {name}"
@@ -265,7 +266,8 @@ def _check_overlap_is_exact(
 
 
 @pytest.fixture
-def deterministic() -> object:
+def deterministic() -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True)`` for the test (thd's kernels follow it)."""
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     yield None
