@@ -20,15 +20,27 @@ Parts (``--parts``):
   ``hidden x hidden`` weight: one matmul forward, three forward+backward). The planner balances
   the proxy's own cost (``CostModel(2 * hidden**2, 4 * heads * head_dim)``). Reported per (mix,
   cp, mode): each rank's ms, ``max / mean`` (goal <= 1.05) for the document-aware plan and
-  for the uniform ring of the same batch.
+  for the uniform ring of the same batch (``--plans`` picks either).
+- ``overlap`` (one device): per rank, :func:`thd.cp.document_attention` whole (on CUDA its
+  local documents on a side stream beside the ring), the same call with ``overlap=False``
+  (one after the other), and its two parts alone with the arguments it gives them
+  (``thd.attention`` on the local region, ``thd.cp.ring_attention`` on the ring region), the
+  ring's exchanges through the loopback of ``bench_ring_window.py`` (they post nothing, so on
+  one GPU this measures the two parts' kernels running side by side, not hidden exchange
+  time). ``efficiency = (local + ring) / whole`` summed over the ranks that have both parts
+  (1: no overlap; 2: the shorter part entirely hidden) and ``serial_over_whole``.
 
 Mixes, ``cp * tokens`` tokens each: ``1024-8192`` and ``64-1024`` (uniform lengths, the last one
-cut), ``long-tail`` (half the tokens in documents of 64k-256k tokens, each capped by what is
-left of that half, the rest lognormal with median 1024 and sigma 1.2, capped at 32k).
+cut), ``long-tail`` (half the tokens in documents drawn from 64k-256k tokens, each cut to what
+is left of that half, the rest lognormal with median 1024 and sigma 1.2, capped at 32k). At 32k
+tokens per rank half a batch is 32k tokens at cp 2 (so its long document is cut to 32k), 64k at
+cp 4 and 128k at cp 8; each record gives the batch's ``longest`` document and how many are 64k
+or longer (``long_documents``).
 
 Example: ``python benchmarks/bench_cp_documents.py --out benchmarks/results/cp-documents.json
---parts bytes planning`` (CPU) and ``--parts balance`` on the GPU; ``--quick --device cpu``
-is the smoke run.
+--parts bytes planning`` (CPU) and ``--parts balance overlap`` on the GPU; ``--quick --device
+cpu`` is the smoke run. The timed parts write the JSON after every case, so a run cut by its
+time limit keeps what it measured.
 """
 
 from __future__ import annotations
@@ -39,16 +51,21 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 import bench_ring
 import bench_ring_window
 import torch
 from _common import bench_back_to_back, command_line, env_fingerprint, error_text, make_record, write_json
+from torch import Tensor
 
 MIXES = ("1024-8192", "long-tail", "64-1024")
-PARTS = ("bytes", "planning", "balance")
+PARTS = ("bytes", "planning", "balance", "overlap")
+PLANS = ("document", "uniform")
+LONG = 65536  # the long-tail mix's long documents: 64k-256k tokens
 MODES = ("fwd", "fwd_bwd")
 # Llama-3-8B attention: what one K/V row weighs on the wire
 KV_HEADS, HEAD_DIM, ELEMENT_BYTES = 8, 128, 2
@@ -63,7 +80,7 @@ def document_lengths(total: int, mix: str, seed: int) -> list[int]:
     lengths: list[int] = []
     long_budget = total // 2
     while long_budget > 0:
-        n = min(rng.randint(65536, 262144), long_budget)
+        n = min(rng.randint(LONG, 4 * LONG), long_budget)
         lengths.append(n)
         long_budget -= n
     rest = total - sum(lengths)
@@ -73,6 +90,11 @@ def document_lengths(total: int, mix: str, seed: int) -> list[int]:
         rest -= n
     rng.shuffle(lengths)
     return lengths
+
+
+def _mix_facts(lengths: Sequence[int]) -> dict[str, int]:
+    """What a batch holds: its longest document and how many are 64k tokens or longer."""
+    return {"longest": max(lengths, default=0), "long_documents": sum(n >= LONG for n in lengths)}
 
 
 def ring_bytes(rows_per_rank: int, cp: int, *, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM) -> int:
@@ -106,6 +128,7 @@ def measure_bytes(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "reduction": (uniform / aware) if aware else None,
                     "cost_imbalance": plan.imbalance,
                     "buffer_rows": plan.rows, "buffer_overhead": plan.rows * cp / sum(lengths) - 1,
+                    **_mix_facts(lengths),
                 })  # fmt: skip
     return out
 
@@ -142,34 +165,34 @@ def measure_planning(args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+def _rank_inputs(plan: Any, rank: int, heads: int, dim: int, device: torch.device) -> list[Tensor]:
+    """Random ``q, k, v, dout`` of the rank's whole buffer (``[plan.rows, heads, dim]``)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    gen = torch.Generator(device=device).manual_seed(rank)
+    return [torch.randn(plan.rows, heads, dim, device=device, dtype=dtype, generator=gen) for _ in range(4)]
+
+
+def _local_attend(layout: Any) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """``thd.attention`` on the local region, as :func:`thd.cp.document_attention` calls it."""
+    import thd
+
+    cu, longest = layout.local_cu_seqlens, layout.local_max_seqlen
+    kw = {"cu_seqlens_q_padded": cu, "cu_seqlens_kv_padded": cu, "max_seqlen_q": longest,
+          "max_seqlen_kv": longest, "causal": True}  # fmt: skip
+    return lambda q, k, v: thd.attention(q, k, v, cu, cu, **kw)
+
+
 def _local_calls(
     plan: Any, rank: int, heads: int, dim: int, device: torch.device
 ) -> dict[str, Callable[[], object]]:
     """This rank's local documents through ``thd.attention`` (forward, forward+backward)."""
-    import thd
     from thd.cp import document_layout
 
     layout = document_layout(plan, rank, device=device)
-    rows = plan.rows - plan.ring_rows
     if not layout.has_local:
         return {"fwd": lambda: None, "fwd_bwd": lambda: None}
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    gen = torch.Generator(device=device).manual_seed(rank)
-    q, k, v, do = (torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=gen) for _ in range(4))
-    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-    cu, longest = layout.local_cu_seqlens, layout.local_max_seqlen
-    kw = {"cu_seqlens_q_padded": cu, "cu_seqlens_kv_padded": cu, "max_seqlen_q": longest,
-          "max_seqlen_kv": longest, "causal": True}  # fmt: skip
-
-    def fwd() -> object:
-        with torch.no_grad():
-            return thd.attention(q, k, v, cu, cu, **kw)
-
-    def fwd_bwd() -> object:
-        out = thd.attention(qg, kg, vg, cu, cu, **kw)
-        return torch.autograd.grad(out, (qg, kg, vg), do)
-
-    return {"fwd": fwd, "fwd_bwd": fwd_bwd}
+    inputs = _rank_inputs(plan, rank, heads, dim, device)
+    return bench_ring.mode_calls(_local_attend(layout), [t[plan.ring_rows :] for t in inputs])
 
 
 def _ring_calls(lengths: Sequence[int], slots: Sequence[int], cp: int, rank: int, heads: int, dim: int,
@@ -229,10 +252,11 @@ def measure_balance(
     for mix in args.mixes:
         for cp in args.cp:
             lengths = document_lengths(cp * args.tokens, mix, args.seed + 1000 * cp)
-            plans = {"document": plan_documents(lengths, cp, cost=cost),
-                     "uniform": plan_documents(lengths, cp, cost=cost, ring_threshold=0)}  # fmt: skip
-            for name, plan in plans.items():
+            thresholds = {"document": None, "uniform": 0}  # uniform: every document rides the ring
+            for name in args.plans:
+                plan = plan_documents(lengths, cp, cost=cost, ring_threshold=thresholds[name])
                 ring_lengths = [lengths[d] for d in plan.ring_documents]
+                started = time.perf_counter()
                 try:
                     per_rank = _rank_times(plan, ring_lengths, args, device)
                 except Exception as exc:  # recorded, never raised: the other cases still run
@@ -248,10 +272,122 @@ def measure_balance(
                         "ring_documents": len(plan.ring_documents),
                         "rank_ms": ranks, "max_ms": max(totals), "mean_ms": mean,
                         "max_over_mean": max(totals) / mean if mean > 0 else None,
-                        "model_imbalance": plan.imbalance, "buffer_rows": plan.rows,
+                        "model_imbalance": plan.imbalance, "buffer_rows": plan.rows, **_mix_facts(lengths),
+                        "case_s": time.perf_counter() - started,  # wall time of the case, both modes
                     })  # fmt: skip
                 print(f"done balance {name} mix={mix} cp={cp}", file=sys.stderr, flush=True)
                 checkpoint(out)
+    return out
+
+
+@contextmanager
+def _loopback_ring(comm: list[Any]) -> Iterator[None]:
+    """:func:`thd.cp.ring_attention` in one process, as ``bench_ring_window.py`` runs the ring:
+    no process group, the exchanges through ``comm[0]`` (a ``LoopbackComm``: they post nothing)
+    and no validation reads (with ``max_seqlen_*`` given on CUDA it makes none anyway)."""
+    import thd.cp.ring as ring
+
+    with (
+        mock.patch.object(ring, "resolve_group", lambda fn, group: group),
+        mock.patch.object(ring, "ring_comm", lambda group, like: comm[0]),
+        mock.patch.object(ring, "_host_reads_allowed", lambda *args: False),
+    ):
+        yield
+
+
+def _overlap_rank_times(
+    plan: Any, rank: int, args: argparse.Namespace, device: torch.device
+) -> dict[str, dict[str, Any]]:
+    """Per mode, one rank's ms of ``document_attention`` whole with and without ``overlap`` and
+    of its two parts alone, with the arguments it passes them (a rank without local or without
+    ring documents runs one part only: nothing to overlap, not timed)."""
+    from thd.cp import document_attention, document_layout, ring_attention
+
+    layout = document_layout(plan, rank, device=device)
+    both = layout.has_local and layout.has_ring
+    facts = {"rank": rank, "timed": both, "local_documents": len(plan.local_documents[rank])}
+    if not both:
+        return {mode: dict(facts) for mode in args.modes}
+    inputs = _rank_inputs(plan, rank, args.heads, args.head_dim, device)
+    split = plan.ring_rows
+    cu, cup, longest = layout.ring_cu_seqlens, layout.ring_cu_seqlens_padded, layout.ring_max_seqlen
+
+    def ring(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return ring_attention(q, k, v, cu, cu, cup, cup, pad_between_seqs=layout.ring_pad_between_seqs,
+                              max_seqlen_q=longest, max_seqlen_kv=longest, causal=True)  # fmt: skip
+
+    def whole(overlap: bool) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+        return lambda q, k, v: document_attention(q, k, v, layout, causal=True, overlap=overlap)
+
+    calls = {
+        "whole": bench_ring.mode_calls(whole(True), inputs),
+        "serial": bench_ring.mode_calls(whole(False), inputs),
+        "local": bench_ring.mode_calls(_local_attend(layout), [t[split:] for t in inputs]),
+        "ring": bench_ring.mode_calls(ring, [t[:split] for t in inputs]),
+    }
+    out = {}
+    for mode in args.modes:
+        entry: dict[str, Any] = {**facts, **{name: _time(c[mode], args) for name, c in calls.items()}}
+        entry["efficiency"] = (entry["local"] + entry["ring"]) / entry["whole"]
+        out[mode] = entry
+    return out
+
+
+def _overlap_row(
+    mix: str, cp: int, mode: str, ranks: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """One (mix, cp, mode) case of the overlap part from its per-rank times."""
+    timed = [r for r in ranks if r["timed"]]
+    parts = sum(r["local"] + r["ring"] for r in timed)
+    whole = sum(r["whole"] for r in timed)
+    return {
+        "part": "overlap", "mix": mix, "cp": cp, "mode": mode, "tokens_per_rank": args.tokens,
+        "rank_ms": ranks, "ranks_timed": len(timed),
+        "efficiency": parts / whole if whole > 0 else None,
+        "serial_over_whole": sum(r["serial"] for r in timed) / whole if whole > 0 else None,
+        "min_rank_efficiency": min((r["efficiency"] for r in timed), default=None),
+        "slowest_parts_ms": max((r["local"] + r["ring"] for r in timed), default=None),
+        "slowest_whole_ms": max((r["whole"] for r in timed), default=None),
+    }  # fmt: skip
+
+
+def measure_overlap(
+    args: argparse.Namespace, checkpoint: Callable[[list[dict[str, Any]]], None] = lambda rows: None
+) -> list[dict[str, Any]]:
+    """Per (mix, cp, mode), each rank's ``document_attention`` (its local documents on a side
+    stream beside the ring) against its parts alone; ``efficiency = (local + ring) / whole``
+    summed over the ranks that have both (1: no overlap; 2: the shorter part fully hidden)."""
+    from thd.cp import CostModel, plan_documents
+
+    device = torch.device(args.device)
+    cost = CostModel(per_token=2.0 * args.hidden**2, per_pair=4.0 * args.heads * args.head_dim)
+    out: list[dict[str, Any]] = []
+    comm: list[Any] = [None]
+    for mix in args.mixes:
+        for cp in args.cp:
+            lengths = document_lengths(cp * args.tokens, mix, args.seed + 1000 * cp)
+            plan = plan_documents(lengths, cp, cost=cost)
+            ranks: dict[str, list[dict[str, Any]]] = {m: [] for m in args.modes}
+            started = time.perf_counter()
+            try:
+                with _loopback_ring(comm):
+                    for rank in range(cp):
+                        comm[0] = bench_ring_window.LoopbackComm(cp, rank)
+                        for mode, entry in _overlap_rank_times(plan, rank, args, device).items():
+                            ranks[mode].append(entry)
+            except Exception as exc:  # recorded, never raised: the other cases still run
+                out.append(make_record(op="cp_documents_overlap", provider="document", mode="-",
+                                       status="error", shape={"mix": mix, "cp": cp},
+                                       error=error_text(exc)))  # fmt: skip
+                checkpoint(out)
+                continue
+            for mode, per_rank in ranks.items():
+                row = _overlap_row(mix, cp, mode, per_rank, args)
+                row.update(docs=len(lengths), ring_documents=len(plan.ring_documents), **_mix_facts(lengths),
+                           case_s=time.perf_counter() - started)  # fmt: skip
+                out.append(row)
+            print(f"done overlap mix={mix} cp={cp}", file=sys.stderr, flush=True)
+            checkpoint(out)
     return out
 
 
@@ -282,6 +418,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         summary["balance"] = {
             f"{r['plan']} {r['mix']} cp={r['cp']} {r['mode']}": r["max_over_mean"] for r in bal
         }
+    over = [r for r in rows if r.get("part") == "overlap"]
+    if over:
+        summary["overlap"] = {
+            f"{r['mix']} cp={r['cp']} {r['mode']}": {"efficiency": r["efficiency"],
+                                                   "serial_over_whole": r["serial_over_whole"]}
+            for r in over
+        }  # fmt: skip
+    errors = [r for r in rows if r.get("status") == "error"]
+    if errors:
+        summary["errors"] = [f"{r['op']} {r['shape']}: {r['error']}" for r in errors]
     return summary
 
 
@@ -289,7 +435,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=None,
-                        help="default: bytes and planning, and balance when a GPU is visible")  # fmt: skip
+                        help="default: bytes and planning, and balance and overlap on a GPU")  # fmt: skip
     parser.add_argument("--cp", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--tokens", type=int, default=32768, help="tokens per rank")
     parser.add_argument("--mixes", nargs="+", choices=MIXES, default=list(MIXES))
@@ -302,6 +448,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--hidden", type=int, default=4096, help="linear proxy: [tokens, hidden] x [hidden, hidden]"
     )
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS),
+                        help="balance: the document-aware plan and/or the uniform ring")  # fmt: skip
     parser.add_argument("--rep-ms", type=float, default=40.0)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3, help="calls before each timing")
@@ -318,7 +466,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                             hidden=64, rep_ms=1.0, trials=1, warmup=0, cp=[2, 4])  # fmt: skip
     args = parser.parse_args(argv)
     if args.parts is None:
-        args.parts = ["bytes", "planning"] + (["balance"] if args.device == "cuda" else [])
+        args.parts = ["bytes", "planning"] + (["balance", "overlap"] if args.device == "cuda" else [])
     args.command = command_line(argv, "bench_cp_documents.py")
     return args
 
@@ -345,9 +493,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if part in args.parts:
             rows.extend(fn(args))
             save([])
-    if "balance" in args.parts:
-        rows.extend(measure_balance(args, checkpoint=save))
-        save([])
+    for part, timed in (("balance", measure_balance), ("overlap", measure_overlap)):
+        if part in args.parts:
+            rows.extend(timed(args, checkpoint=save))
+            save([])
     for key, value in summarize(rows).items():
         print(key, value, file=sys.stderr)
     print(f"wrote {args.out}", file=sys.stderr)

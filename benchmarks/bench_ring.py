@@ -160,6 +160,15 @@ def _callables(
 ) -> dict[str, Callable[[], object]]:
     q, do = _randn(rows, heads, dim, seed, device), _randn(rows, heads, dim, seed + 3, device)
     k, v = (_randn(rows, kv_heads, dim, seed + i, device) for i in (1, 2))
+    return mode_calls(attn, (q, k, v, do))
+
+
+def mode_calls(
+    attn: Callable[[Tensor, Tensor, Tensor], Tensor], tensors: Sequence[Tensor]
+) -> dict[str, Callable[[], object]]:
+    """Forward (no autograd) and forward+backward (gradients of q, k, v) of ``attn`` on
+    ``tensors = (q, k, v, dout)``."""
+    q, k, v, do = tensors
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
 
     def fwd() -> object:

@@ -109,3 +109,38 @@ def test_balance_checkpoints_after_every_case(monkeypatch: pytest.MonkeyPatch) -
     rows = bench_cp_documents.measure_balance(args, checkpoint=lambda rows: seen.append(len(rows)))
     cases = len(args.mixes) * len(args.cp) * 2  # document and uniform plans
     assert seen == list(range(1, cases + 1)) and len(rows) == cases
+
+
+def test_overlap_part_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overlap part on CPU (no side stream there: the numbers are not the point): per rank
+    with local and ring documents, the whole call, the serial call and the two parts, and the
+    efficiency computed from them; one checkpoint per (mix, cp) case."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
+    import bench_cp_documents
+
+    out = tmp_path / "overlap.json"
+    argv = ["--out", str(out), "--quick", "--device", "cpu", "--parts", "overlap", "--cp", "2",
+            "--tokens", "2048", "--mixes", "long-tail", "64-1024", "--modes", "fwd"]  # fmt: skip
+    args = bench_cp_documents.parse_args(argv)
+    seen: list[int] = []
+    rows = bench_cp_documents.measure_overlap(args, checkpoint=lambda rows: seen.append(len(rows)))
+    assert seen == [1, 2] and [r["mix"] for r in rows] == ["long-tail", "64-1024"]
+    tail = rows[0]
+    timed = [r for r in tail["rank_ms"] if r["timed"]]
+    assert tail["ring_documents"] > 0 and tail["ranks_timed"] == len(timed) >= 1
+    for rank in timed:
+        assert rank["efficiency"] == pytest.approx((rank["local"] + rank["ring"]) / rank["whole"])
+    parts = sum(r["local"] + r["ring"] for r in timed)
+    assert tail["efficiency"] == pytest.approx(parts / sum(r["whole"] for r in timed))
+    assert tail["serial_over_whole"] == pytest.approx(
+        sum(r["serial"] for r in timed) / sum(r["whole"] for r in timed)
+    )
+    for row in rows:  # a rank with no local or no ring document has nothing to overlap: not timed
+        for rank in row["rank_ms"]:
+            assert rank["timed"] == (row["ring_documents"] > 0 and rank["local_documents"] > 0)
+    assert bench_cp_documents.main(argv) == 0
+    assert set(json.loads(out.read_text())["summary"]["overlap"]) == {
+        "long-tail cp=2 fwd",
+        "64-1024 cp=2 fwd",
+    }

@@ -9,7 +9,8 @@ time), and on CUDA every copy is queued on the device's one default stream after
 produced its tensor. :func:`run_ring` runs :mod:`thd.cp.ring`'s own forward and backward loops
 for all ranks (without autograd: its CUDA worker thread would wait on a rank thread's lock), so
 one GPU can check the ring's exchanges, windowed schedule and sinks at realistic sizes against
-single-device attention.
+single-device attention. :class:`SelfComm` and :func:`one_rank_ring` run one rank alone in the
+calling thread (autograd and CUDA-graph capture included).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from torch import Tensor
 
 TIMEOUT_S = 300.0
@@ -129,3 +131,42 @@ def run_ring(
 
     grads = run_ranks(size, backward)
     return [(f[0], f[1], *g) for f, g in zip(forward, grads, strict=True)]
+
+
+class SelfComm:
+    """A rank alone: every exchange hands the rank back the tensors it sent (by tag; NaN, which
+    its own padding rows hold, as 0: another rank's block has its real rows where this one may
+    have padding), so the ring runs its own loops, forward and backward under autograd, on
+    deterministic data in one thread. The values are not a real ring's: it serves to compare
+    two ways of running the same call."""
+
+    transport = "self"
+
+    def __init__(self, size: int, rank: int) -> None:
+        self.size, self.rank = size, rank
+
+    def send(self, tensor: Tensor, offset: int, tag: int) -> tuple[bool, Tensor, int]:
+        return True, tensor, tag
+
+    def recv(self, tensor: Tensor, offset: int, tag: int) -> tuple[bool, Tensor, int]:
+        return False, tensor, tag
+
+    def start(self, ops: list[tuple[bool, Tensor, int]]) -> SelfComm:
+        sent = {tag: t for is_send, t, tag in ops if is_send}
+        for is_send, t, tag in ops:
+            if not is_send:
+                t.copy_(sent[tag].nan_to_num(0.0))
+        return self
+
+    def wait(self) -> None:
+        """Every receive completed in ``start``."""
+
+
+def one_rank_ring(monkeypatch: pytest.MonkeyPatch, comm: Callable[[], Any]) -> None:
+    """Make :func:`thd.cp.ring_attention` run without a process group, its exchanges through
+    ``comm()`` and no validation reads (which would gather over the group)."""
+    import thd.cp.ring as ring_mod
+
+    monkeypatch.setattr(ring_mod, "resolve_group", lambda fn, group: group)
+    monkeypatch.setattr(ring_mod, "ring_comm", lambda group, like: comm())
+    monkeypatch.setattr(ring_mod, "_host_reads_allowed", lambda *args: False)

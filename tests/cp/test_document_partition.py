@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -82,6 +84,19 @@ def test_errors() -> None:
         document_attention(q, q, q, plan)  # type: ignore[arg-type]
 
 
+def _capture(step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``step`` warmed up (compiled) on a side stream, then captured: the graph and its output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_partition_and_local_attention_under_cuda_graph_gpu() -> None:
@@ -99,14 +114,7 @@ def test_partition_and_local_attention_under_cuda_graph_gpu() -> None:
         q = partition_documents(x, static)
         return document_attention(q, q, q, static, causal=True)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm-up (compiles) outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = _capture(step)
     for layout in layouts:
         static.index.copy_(layout.index)
         static.valid.copy_(layout.valid)
@@ -116,3 +124,34 @@ def test_partition_and_local_attention_under_cuda_graph_gpu() -> None:
         cu = layout.local_cu_seqlens
         want = thd.attention(q, q, q, cu, cu, max_seqlen_q=1000, max_seqlen_kv=1000, causal=True)
         assert torch.equal(out, want), "the replay differs from the eager call on the same plan"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_overlapped_document_attention_under_cuda_graph_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overlapped call (local documents on the side stream beside the ring) captured in a
+    CUDA graph: replays equal the eager call, for the captured inputs and for new values copied
+    into them (one rank alone; its exchanges hand it back its own blocks, copies the graph
+    captures). Last in this file: a failed capture can leave the device unusable."""
+    from tests.cp._thread_ring import SelfComm, one_rank_ring
+
+    comm = SelfComm(2, 0)
+    one_rank_ring(monkeypatch, lambda: comm)
+    plan = plan_documents([3000, 700, 300, 1000, 24], 2)  # 3000 > a rank's share: it rides the ring
+    layout = document_layout(plan, 0, device="cuda")
+    assert layout.has_ring and layout.has_local, plan
+    q, k, v = (torch.randn(plan.rows, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+
+    def step() -> torch.Tensor:
+        with torch.no_grad():
+            return document_attention(q, k, v, layout, causal=True)
+
+    graph, out = _capture(step)
+    for seed in (0, 1):
+        if seed:
+            for t in (q, k, v):
+                t.copy_(torch.randn_like(t))
+        graph.replay()
+        want = step()
+        assert not torch.equal(out, torch.zeros_like(out))
+        assert torch.equal(out, want), f"replay {seed} differs from the eager call"

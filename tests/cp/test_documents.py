@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -165,3 +166,125 @@ def test_document_attention_as_threads_gpu(cp: int, monkeypatch: pytest.MonkeyPa
     for i, variant in enumerate(variants):
         batch = _thread_batch(cp, 16384, seed=cp + i)
         _check_threads(cp, batch, variant, (16, 4, 128, 128), "cuda", torch.bfloat16, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- overlap
+
+
+def _check_overlap_is_exact(
+    cp: int, batch: Batch, variant, heads, device: str, dtype: torch.dtype, monkeypatch
+) -> None:
+    """Every rank's :func:`thd.cp.document_attention` forward + backward through autograd, with
+    and without ``overlap`` (on CUDA: the local documents on a side stream), bitwise equal to its
+    two parts run apart (``thd.cp.ring_attention`` on the ring region, ``thd.attention`` on the
+    local one) under deterministic kernels; NaN-poisoned buffer padding; on CUDA the overlapped
+    call synchronizes nothing with the host."""
+    import thd
+    from tests.cp._thread_ring import SelfComm, one_rank_ring
+    from thd.cp import (
+        document_attention,
+        document_layout,
+        partition_documents,
+        plan_documents,
+        ring_attention,
+    )
+
+    causal, window, softcap, with_sinks = variant
+    comm: list[SelfComm] = []
+    one_rank_ring(monkeypatch, lambda: comm[-1])
+    plan = plan_documents(batch.lengths, cp)
+    assert plan.ring_documents and any(plan.local_documents), plan
+    (q, k, v, do), sinks = make_inputs(batch, heads, 5, device, dtype)
+    sinks = sinks if with_sinks else None
+    kw = {"causal": causal, "window_size": window, "softcap": softcap}
+    split = plan.ring_rows
+
+    def whole(lay, shards, overlap: bool) -> list[torch.Tensor | None]:
+        leaves = [t.detach().clone().requires_grad_() for t in shards[:3]]
+        s = None if sinks is None else sinks.detach().clone().requires_grad_()
+        out, lse = document_attention(*leaves, lay, return_lse=True, overlap=overlap, sinks=s, **kw)
+        grads = torch.autograd.grad(out, [*leaves, *([s] if s is not None else [])], shards[3])
+        return [out, lse, *grads]
+
+    def parts(lay, shards) -> list[torch.Tensor | None]:
+        ring_leaves = [t[:split].detach().clone().requires_grad_() for t in shards[:3]]
+        local_leaves = [t[split:].detach().clone().requires_grad_() for t in shards[:3]]
+        s_ring = None if sinks is None else sinks.detach().clone().requires_grad_()
+        s_local = None if sinks is None else sinks.detach().clone().requires_grad_()
+        cu, cup, longest = lay.ring_cu_seqlens, lay.ring_cu_seqlens_padded, lay.ring_max_seqlen
+        ring_out, ring_lse = ring_attention(
+            *ring_leaves, cu, cu, cup, cup, pad_between_seqs=lay.ring_pad_between_seqs,
+            max_seqlen_q=longest, max_seqlen_kv=longest, return_lse=True, sinks=s_ring, **kw,
+        )  # fmt: skip
+        cu, longest = lay.local_cu_seqlens, lay.local_max_seqlen
+        local_out, local_lse = thd.attention(
+            *local_leaves, cu, cu, cu_seqlens_q_padded=cu, cu_seqlens_kv_padded=cu, max_seqlen_q=longest,
+            max_seqlen_kv=longest, return_lse=True, sinks=s_local, **kw,
+        )  # fmt: skip
+        ring_grads = torch.autograd.grad(ring_out, ring_leaves + [s_ring] * with_sinks, shards[3][:split])
+        local_grads = torch.autograd.grad(local_out, local_leaves + [s_local] * with_sinks, shards[3][split:])
+        out = [torch.cat((ring_out, local_out)), torch.cat((ring_lse, local_lse), 1)]
+        out += [torch.cat((a, b)) for a, b in zip(ring_grads[:3], local_grads[:3], strict=True)]
+        return out + ([ring_grads[3] + local_grads[3]] if with_sinks else [])
+
+    for rank in range(cp):
+        lay = document_layout(plan, rank, device=device, offsets=batch.offsets)
+        if not (lay.has_local and lay.has_ring):
+            continue
+        comm.append(SelfComm(cp, rank))
+        shards = [partition_documents(t, lay) for t in (q, k, v, do)]
+        for t in shards:
+            t[~lay.valid] = float("nan")  # the buffer's padding is never read
+        want = parts(lay, shards)  # also compiles: the overlapped call below runs warm
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            overlapped = whole(lay, shards, overlap=True)
+        finally:
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode(0)
+        serial = whole(lay, shards, overlap=False)
+        names = ("out", "lse", "dq", "dk", "dv", "dsinks")
+        for name, w, a, b in zip(names, want, overlapped, serial, strict=False):
+            label = f"{batch.name} rank={rank} variant={variant}: {name}"
+            assert not w.isnan().any(), f"{label}: NaN (a padding row was read)"
+            assert torch.equal(a, w), f"{label}: overlap=True differs from the parts run apart"
+            assert torch.equal(b, w), f"{label}: overlap=False differs from the parts run apart"
+        # padding rows: dk/dv of the ring region hold what this rank's blocks got as another
+        # rank's (whose real rows they are); the real ring's are checked by the tests above
+        padding = ~lay.valid
+        local_padding = padding & (torch.arange(lay.rows, device=device) >= split)
+        for name, g, rows in zip(
+            ("out", "dq", "dk", "dv"),
+            (overlapped[0], *overlapped[2:5]),
+            (padding, padding, local_padding, local_padding),
+            strict=True,
+        ):
+            assert_rows_equal(g, rows, 0.0, f"{batch.name} rank={rank}: {name} padding rows")
+    assert comm, "no rank had both local and ring documents"
+
+
+@pytest.fixture
+def deterministic() -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True)`` for the test (thd's kernels follow it)."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield None
+    torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize(("cp", "variant"), [(2, THREAD_VARIANTS[1]), (3, THREAD_VARIANTS[2])])
+def test_document_attention_equals_its_parts(cp: int, variant, deterministic, monkeypatch) -> None:
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "reference")
+    batch = _thread_batch(cp, 40, seed=cp)
+    _check_overlap_is_exact(cp, batch, variant, (4, 2, 8, 8), "cpu", torch.float32, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("variant", [THREAD_VARIANTS[0], (True, (4096, 0), 0.0, True)])
+def test_document_attention_overlap_is_exact_gpu(variant, deterministic, monkeypatch) -> None:
+    """The side stream at realistic sizes: 4 ranks, 16k tokens each, GQA 16/4, bf16."""
+    batch = _thread_batch(4, 16384, seed=9)
+    _check_overlap_is_exact(4, batch, variant, (16, 4, 128, 128), "cuda", torch.bfloat16, monkeypatch)

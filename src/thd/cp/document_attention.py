@@ -2,10 +2,14 @@
 
 :func:`document_attention` runs the local region of a :class:`~thd.cp.document_partition.
 DocumentLayout` with :func:`thd.attention` (whole documents, no exchange) and only the ring
-region with :func:`thd.cp.ring_attention`. On CUDA the local attention is queued on a side
-stream forked from the current one, so it runs while the ring waits for its exchanges (and
-autograd runs its backward on that stream too); the current stream joins it before the output
-is used. Both parts write exact zeros on padding rows and never read padding rows of q, k, v.
+region with :func:`thd.cp.ring_attention`. On CUDA the local attention is queued first, on a
+side stream forked from the current one, so it runs while the ring computes and waits for its
+exchanges (autograd runs its backward on that stream too, beside the ring's backward); the
+current stream joins it before the output is used, the inputs are marked as used on the side
+stream (``record_stream``) so their memory is not reused under it, and no host sync is added
+(the fork and the join are stream waits, capturable in a CUDA graph). On CPU the two parts run
+one after the other. Both parts write exact zeros on padding rows and never read padding rows
+of q, k, v.
 """
 
 from __future__ import annotations
@@ -31,6 +35,15 @@ def _local_stream(device: torch.device) -> torch.cuda.Stream:
     if stream is None:
         stream = _STREAMS[index] = torch.cuda.Stream(device=index)
     return stream
+
+
+def _used_on(stream: torch.cuda.Stream, tensors: tuple[object, ...]) -> None:
+    """Mark the caller's CUDA tensors as read on ``stream``: the allocator then reuses their memory
+    only after the work queued there when they are freed, the backward's included (autograd runs
+    the local documents' backward on ``stream`` and frees their saved inputs afterwards)."""
+    for t in tensors:
+        if isinstance(t, Tensor) and t.is_cuda:
+            t.record_stream(stream)
 
 
 def _region_attention(
@@ -147,6 +160,7 @@ def document_attention(
         current = torch.cuda.current_stream(q.device)
         stream = _local_stream(q.device)
         stream.wait_stream(current)
+        _used_on(stream, (q, k, v, layout.local_cu_seqlens, scores.get("sinks")))
         with torch.cuda.stream(stream):
             local = _local_attention(q[split:], k[split:], v[split:], layout, variants)
     elif layout.has_local:
