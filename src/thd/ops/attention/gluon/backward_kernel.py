@@ -15,7 +15,9 @@ so rows past a sequence's end arrive as zeros and padding is never read. The con
 dK and dV in fp32 registers and per query tile compute ``S^T = K Q^T``,
 ``P^T = exp2(S^T * scale * log2 e - lse)``, ``dV += P^T dO``, ``dP^T - delta = V dO^T - delta``
 (delta as the accumulator's initial value), ``dS^T = P^T (dP^T - delta) * scale``, ``dK += dS^T Q``
-with async wgmma, and (``DQ_ATOMIC``) add ``dQ = dS K`` to an fp32 buffer with atomics.
+with async wgmma, and (``DQ_ATOMIC``) add ``dQ = dS K`` to an fp32 buffer: with two consumer
+partitions (FA3's way) both partitions' ``dS^T`` meet in shared memory, each computes half of dQ's
+columns over the whole key tile and adds it by one TMA reduce-add; with one, by per-element atomics.
 ``_dq_kernel`` is the split (and deterministic) dQ: one program per (query tile, head, sequence)
 streaming K and V the same way, summing key tiles in a fixed order.
 

@@ -13,12 +13,14 @@ between them, as the ``tl`` kernel does; the cost is proportional to the padding
   its ``Q K^T`` completed and ``v_empty`` its V once its ``P V`` did (FA3's separate K and V
   pipelines: the next K streams in while this tile's ``P V`` runs);
 - the consumers (``NUM_WG = 2``: two 4-warp partitions of 240 registers, rows ``[0, 64)`` and
-  ``[64, 128)`` of each tile; ``NUM_WG = 1``: the default partition alone): ``S = Q K^T`` by async
+  ``[64, 128)`` of each tile; ``NUM_WG = 3``: three of 160 registers over 192-row tiles, FA3's
+  head-dim-64 shape; ``NUM_WG = 1``: the default partition alone; Q arrives in one shared-memory
+  buffer per consumer warpgroup): ``S = Q K^T`` by async
   ``wgmma`` from shared memory, the online softmax with ``exp2`` and the scale folded into one
   multiply-add, ``O += P V`` with P from registers. The next tile's ``Q K^T`` is issued with this
   tile's ``P V`` and waited for with one group in flight, so the softmax overlaps the ``P V``; the
-  two consumers take turns issuing their products (two ``turns`` mbarriers, FA3's ping-pong), so
-  one's softmax runs while the other's products occupy the tensor cores.
+  consumers take turns issuing their products (one ``turns`` mbarrier each, round robin, FA3's
+  ping-pong), so one's softmax runs while another's products occupy the tensor cores.
 
 The descriptors' shapes make the copy engine zero-fill rows past a sequence: padding or spare rows
 never reach shared memory. Masks are applied only on tiles that cross a band edge or the sequence's
