@@ -11,6 +11,9 @@ causal, ``max_seqlen_*`` given) on CPU tensors, forced onto the ``tl`` kernel fa
   the GPU would record the compiled kernel. It needs a Triton the launcher reviewed (3.6 / 3.9).
 - ``stub``: ``KernelLauncher.run`` itself is a no-op (what is left is thd's work above the launcher).
 
+``--offsets fresh`` passes a new copy of the offsets each call (as a data loader does per batch):
+every call then misses the cached launch plans, which this measures.
+
 Modes: ``fwd`` (forward under ``no_grad``) and ``fwd_bwd`` (forward, then ``torch.autograd.grad``
 of q, k, v), as ``bench_host.py`` times them. Per mode: ``us_per_call``, the median over
 ``--rounds`` loops of ``--calls`` calls (``time.perf_counter``), and a cProfile breakdown of one
@@ -54,13 +57,17 @@ def stubbed_launches(mode: str) -> Iterator[None]:
     from thd._runtime import launcher as launcher_mod
 
     cls = launcher_mod.KernelLauncher
-    saved = {name: cls.__dict__[name] for name in ("run", "_normal", "_remember")}
+    names = ("run", "run_fixed", "_normal", "_remember")  # run_fixed: not in every version measured
+    saved = {name: cls.__dict__[name] for name in names if name in cls.__dict__}
     if mode == "stub":
 
         def run(self: Any, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
             LAUNCHES[_kernel_name(self)] += 1
 
-        cls.run = run  # type: ignore[method-assign]
+        def run_fixed(self: Any, token: object, grid: Sequence[int], *rest: Any) -> None:
+            LAUNCHES[_kernel_name(self)] += 1
+
+        cls.run, cls.run_fixed = run, run_fixed  # type: ignore[method-assign]
     else:
         state = launcher_mod._resolve()
         if state is None:
@@ -68,24 +75,20 @@ def stubbed_launches(mode: str) -> Iterator[None]:
         active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 0)
         state.jit_module = SimpleNamespace(driver=SimpleNamespace(active=active))
 
-        def noop_launch(*args: Any) -> None:
-            return None
-
         def normal(self: Any, grid: Any, args: tuple, kwargs: dict) -> object:
             self.normal_launches += 1
-            return noop_launch
+            LAUNCHES[_kernel_name(self)] += 1
+            return None
 
         def remember(self: Any, state: Any, key: tuple, *rest: Any) -> None:
-            plan = self._layout(state)
-            self._cache[key] = [noop_launch, None, None, None, False, plan[2]]
+            name = _kernel_name(self)
 
-        original_run = saved["run"]
+            def noop_launch(*args: Any) -> None:  # where the GPU calls the compiled kernel
+                LAUNCHES[name] += 1
 
-        def counted_run(self: Any, grid: Sequence[int], *args: Any, **kwargs: Any) -> Any:
-            LAUNCHES[_kernel_name(self)] += 1
-            return original_run(self, grid, *args, **kwargs)
+            self._cache[key] = [noop_launch, None, None, None, False, self._layout(state)[2]]
 
-        cls._normal, cls._remember, cls.run = normal, remember, counted_run  # type: ignore[method-assign]
+        cls._normal, cls._remember = normal, remember  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -102,13 +105,15 @@ def problem(heads: int, head_dim: int, docs: int, length: int, dtype: torch.dtyp
     return SimpleNamespace(q=q, k=k, v=v, do=do, cu=cu, max_len=length)
 
 
-def call_fn(p: SimpleNamespace, mode: str) -> Callable[[], object]:
-    """One eager call of ``mode`` as ``bench_host.py`` makes it."""
+def call_fn(p: SimpleNamespace, mode: str, fresh_offsets: bool) -> Callable[[], object]:
+    """One eager call of ``mode`` as ``bench_host.py`` makes it (``fresh_offsets``: with a new copy
+    of the offsets each call, as a data loader gives every batch; cached plans then never hit)."""
     import thd
 
     def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
         bounds = {"max_seqlen_q": p.max_len, "max_seqlen_kv": p.max_len}
-        return thd.attention(q, k, v, p.cu, p.cu, **bounds, causal=True)
+        cu = p.cu.clone() if fresh_offsets else p.cu
+        return thd.attention(q, k, v, cu, cu, **bounds, causal=True)
 
     if mode == "fwd":
 
@@ -159,7 +164,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     p = problem(args.heads, args.head_dim, 2, 64, torch.bfloat16)
     results: dict[str, Any] = {}
     with stubbed_launches(args.launcher):
-        fns = {mode: call_fn(p, mode) for mode in args.modes}
+        fns = {mode: call_fn(p, mode, args.offsets == "fresh") for mode in args.modes}
         for mode, fn in fns.items():
             for _ in range(20):  # first calls: imports, caches, first launches
                 fn()
@@ -185,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--launcher", default="fast", choices=("fast", "stub"))
+    parser.add_argument(
+        "--offsets", default="same", choices=("same", "fresh"), help="fresh: new offset tensors each call"
+    )
     parser.add_argument("--calls", type=int, default=400, help="calls per timed loop")
     parser.add_argument("--rounds", type=int, default=7, help="timed loops per mode (median)")
     parser.add_argument("--profile-calls", type=int, default=200, help="calls in the cProfile loop")

@@ -37,6 +37,10 @@ class _Recorder:
         self.seen.append((self.real.fn, grid, args, kwargs))
         return self.real.run(grid, *args, **kwargs)
 
+    def run_fixed(self, token: object, grid: tuple, head: tuple, tail: tuple, kwargs: dict) -> Any:
+        self.seen.append((self.real.fn, grid, (*head, *tail), kwargs))
+        return self.real.run_fixed(token, grid, head, tail, kwargs)
+
 
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list]:

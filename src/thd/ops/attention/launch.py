@@ -259,12 +259,17 @@ class _Launch(NamedTuple):
     tma_keywords: dict | None
     tail: tuple
 
-    def run(self, head: tuple, tiled: tuple[Tensor, Tensor]) -> None:
+    def run(self, head: tuple, tiled: tuple[Tensor, Tensor], reused: bool) -> None:
         """Launch with ``head`` (the call's tensors) before :attr:`tail`; ``tiled``: the tensors
-        whose tiles the inner loop reads (checked by :func:`thd._runtime.tiles.tma_capable`)."""
+        whose tiles the inner loop reads (checked by :func:`thd._runtime.tiles.tma_capable`).
+        ``reused``: the plan served an earlier call (a plan made for this call alone, e.g. the
+        ring's, whose layouts are new tensors each call, launches by the whole argument list)."""
         tma = self.tma_keywords
         keywords = tma if tma is not None and tiles.tma_capable(*tiled) else self.keywords
-        LAUNCHERS[self.kernel].run(self.grid, *head, *self.tail, **keywords)
+        if reused:
+            LAUNCHERS[self.kernel].run_fixed(self, self.grid, head, self.tail, keywords)
+        else:
+            LAUNCHERS[self.kernel].run(self.grid, *head, *self.tail, **keywords)
 
     def current(self) -> bool:
         """Whether the tile table still gives this launch's tile (tests and the tuner change it)."""
@@ -439,7 +444,8 @@ def _remember(plans: dict, key: tuple, plan: object) -> None:
     plans[key] = plan
 
 
-def _forward_plan(call: ForwardCall, out: Tensor, lse: Tensor) -> _Launch:
+def _forward_plan(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple[_Launch, bool]:
+    """The forward's launch, and whether it was cached (else made now)."""
     q, k, v, layout, options, sinks, accumulate = call
     key = (
         *_inputs_key(layout, options, q, k, v),
@@ -452,14 +458,29 @@ def _forward_plan(call: ForwardCall, out: Tensor, lse: Tensor) -> _Launch:
     )
     found = _FORWARD_PLANS.get(key)
     if found is not None and found[2].current():
-        return found[2]
+        return found[2], True
     fold_scale = options.softmax_scale > 0.0 and options.softcap <= 0.0
     meta = _meta("fwd", call, sinks is not None, accumulate is not None, fold_scale)
     assert layout.max_seqlen_q is not None
     tail = forward_args(call, out, lse)[6:]
     launch = _plan_launch("fwd", layout.max_seqlen_q, q.shape[1], layout.num_seqs, meta, tail)
     _remember(_FORWARD_PLANS, key, (layout, options, launch))
-    return launch
+    return launch, False
+
+
+class _Preprocess(NamedTuple):
+    """The backward preprocess launch of a plan (no tile: its block is fixed)."""
+
+    grid: tuple[int, int, int]
+    keywords: dict
+    tail: tuple
+
+    def run(self, head: tuple, reused: bool) -> None:
+        """As :meth:`_Launch.run`."""
+        if reused:
+            LAUNCHERS["preprocess"].run_fixed(self, self.grid, head, self.tail, self.keywords)
+        else:
+            LAUNCHERS["preprocess"].run(self.grid, *head, *self.tail, **self.keywords)
 
 
 class _BackwardPlan(NamedTuple):
@@ -468,7 +489,7 @@ class _BackwardPlan(NamedTuple):
     layout: VarlenLayout
     options: AttentionOptions
     atomic: bool
-    preprocess: tuple[tuple[int, int, int], dict, tuple] | None  # grid, keywords, tail
+    preprocess: _Preprocess | None
     dkdv: _Launch | None
     dq: _Launch | None
 
@@ -481,13 +502,15 @@ def _backward_plan(
     inputs: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
     grads: tuple[Tensor, Tensor, Tensor],
     dq_mode: int,
-) -> _BackwardPlan:
+) -> tuple[_BackwardPlan, bool]:
+    """The backward's launches, and whether they were cached (else made now)."""
     q, k, v, do, lse, delta = inputs
     out, sinks = call.saved.out, call.saved.sinks
     layout, options, accumulate = call.layout, call.options, call.accumulate
     key = (
         *_inputs_key(layout, options, q, k, v),
         do.stride(),
+        out.shape,
         out.stride(),
         lse.stride(),
         q.dtype,
@@ -497,7 +520,7 @@ def _backward_plan(
     )
     found = _BACKWARD_PLANS.get(key)
     if found is not None and found.current():
-        return found
+        return found, True
     dq, dk, dv = grads
     num_heads, num_seqs = q.shape[1], layout.num_seqs
     max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
@@ -507,7 +530,7 @@ def _backward_plan(
     preprocess = None
     if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
         block = 64
-        preprocess = (
+        preprocess = _Preprocess(
             (_cdiv(max_q, block), num_heads, num_seqs),
             _preprocess_keywords(v.shape[2], int(dq_meta["BLOCK_DV"]), sinks is not None, block),
             preprocess_args(out, do, delta, lse, sinks, None, layout)[6:],  # the tail only
@@ -525,7 +548,7 @@ def _backward_plan(
         dq_launch = _plan_launch("dq", max_q, num_heads, num_seqs, dq_meta, tail)
     plan = _BackwardPlan(layout, options, atomic, preprocess, dkdv, dq_launch)
     _remember(_BACKWARD_PLANS, key, plan)
-    return plan
+    return plan, False
 
 
 # ----------------------------------------------------------------------------- the family
@@ -559,7 +582,8 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
         args = forward_args(call, out, lse)
         _launch("fwd", layout.max_seqlen_q, q.shape[1], layout.num_seqs, meta, (k, v), args)
         return out, lse
-    _forward_plan(call, out, lse).run((q, k, v, out, lse, q if sinks is None else sinks), (k, v))
+    plan, reused = _forward_plan(call, out, lse)
+    plan.run((q, k, v, out, lse, q if sinks is None else sinks), (k, v), reused)
     return out, lse
 
 
@@ -581,18 +605,16 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     delta = torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     inputs = (q, k, v, do, lse, delta)
-    plan = _backward_plan(call, inputs, (dq, dk, dv), dq_mode)
+    plan, reused = _backward_plan(call, inputs, (dq, dk, dv), dq_mode)
     if plan.preprocess is not None:
-        grid, keywords, tail = plan.preprocess
-        sinks_or_out = out if sinks is None else sinks
         rows = delta if dsink_rows is None else dsink_rows
-        LAUNCHERS["preprocess"].run(grid, out, do, delta, lse, sinks_or_out, rows, *tail, **keywords)
+        plan.preprocess.run((out, do, delta, lse, out if sinks is None else sinks, rows), reused)
     if plan.dkdv is not None:
-        plan.dkdv.run((*inputs, dk, dv, dq), (q, do))
+        plan.dkdv.run((*inputs, dk, dv, dq), (q, do), reused)
     if plan.atomic:
         dq = dq if accumulate is not None else dq.to(q.dtype)
     elif plan.dq is not None:
-        plan.dq.run((*inputs, dq), (k, v))
+        plan.dq.run((*inputs, dq), (k, v), reused)
     dsinks = None if dsink_rows is None else dsink_rows.sum(1).to(sinks.dtype)  # type: ignore[union-attr]
     return dq, dk, dv, dsinks
 
