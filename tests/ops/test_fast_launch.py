@@ -349,6 +349,60 @@ def test_hooks_and_instrumentation_take_the_normal_path(
         assert fake_gpu.launches[-1][1][7 if what == "enter_hook" else 8] is hook
 
 
+# ----------------------------------------------------------------------------- run_fixed
+
+
+def test_run_fixed_launches_what_triton_launches(fake_gpu: FakeGPU) -> None:
+    """One token per (grid, tail, keywords); heads of changing dtype and alignment, a tail tensor
+    whose alignment changes in place: every launch picks Triton's kernel and passes its arguments."""
+    launcher = KernelLauncher(fake_gpu.fn)
+    rng = np.random.default_rng(1)
+    configs = _configs(rng, 30)
+    fixed: dict[tuple, tuple] = {}  # the caller's side: one token and tail per config and grid
+    for _ in range(600):
+        grid, args, kwargs = _random_call(rng, configs)
+        tail_key = (grid, args[0].dtype, args[2] is None, tuple(kwargs.items()))  # the first call's
+        token, tail, kw = fixed.setdefault(tail_key, (object(), args[1:], kwargs))  # tail, kept
+        head = args[:1]
+        if rng.random() < 0.3:  # y, a tail tensor, moved in place: the key sees its alignment
+            tail[0].set_(_tensor(tail[0].dtype, int(rng.choice([0, 1, 8, 3]))))
+        fake_gpu.driver.active.device = int(rng.integers(2))
+        kernel, call = fake_gpu.normal(grid, *head, *tail, **kw)
+        assert launcher.run_fixed(token, grid, head, tail, kw) is kernel
+        fast_kernel, fast_call = fake_gpu.launches[-1]
+        assert fast_kernel is kernel and _same(_launched_args(fast_call), _launched_args(call))
+    assert launcher.fallbacks == 0 and launcher.fast_launches > 400 and len(fixed) < 200
+
+
+def test_run_fixed_takes_the_normal_path_when_run_would(
+    fake_gpu: FakeGPU, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from triton import knobs
+
+    launcher = KernelLauncher(fake_gpu.fn)
+    x, y = _tensor(torch.float16, 0), _tensor(torch.float16, 0)
+    token, tail, kw = object(), (None, 64, 2, 1.0, False), {"BLOCK": 32, "SHIFT": 0, "num_warps": 4}
+    for _ in range(2):
+        launcher.run_fixed(token, (1,), (x, y), tail, kw)
+    assert (launcher.normal_launches, launcher.fast_launches) == (1, 1)
+    hook, previous = (lambda metadata: None), knobs.runtime.launch_enter_hook
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+    launcher.run_fixed(token, (1,), (x, y), tail, kw)
+    assert launcher.fast_launches == 1 and fake_gpu.launches[-1][1][7] is hook  # the normal path ran
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", previous)
+    launcher.run_fixed(token, (1,), (x, y), tail, {**kw})  # other keywords: first seen, through run()
+    assert launcher.fast_launches == 2  # run() found the key cached
+    fake_gpu.fail_launch.append(True)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        launcher.run_fixed(token, (1,), (x, y), tail, kw)
+    fake_gpu.fail_launch.clear()
+    launcher.run((1,), x, y, *tail, **kw)  # the key failed a fast launch: the normal path for run() too
+    launcher.run_fixed(token, (1,), (x, y), tail, kw)
+    assert launcher.fallbacks == 1 and launcher.fast_launches == 2
+    launcher.run_fixed(token, (1,), (x, y, None), tail[1:], kw)  # a head that is not all tensors
+    assert launcher.fast_launches == 2
+
+
 def test_profile_allocator_takes_the_normal_path(fake_gpu: FakeGPU) -> None:
     from triton.runtime import _allocation
 

@@ -130,7 +130,10 @@ class FamilyRegistry:
                 f"{self.op} {phase}: THD_KERNELS={requested}: the {requested} family does not support "
                 f"this call ({_describe(call)}); unset THD_KERNELS to let thd choose"
             )
-        self._last[phase] = Choice(requested, "THD_KERNELS")
+        choice = _FORCED.get(requested)
+        if choice is None:
+            choice = _FORCED[requested] = Choice(requested, "THD_KERNELS")
+        self._last[phase] = choice
         return family
 
     def _auto(self, phase: str, x: Tensor, call: tuple) -> Any:
@@ -161,6 +164,7 @@ class FamilyRegistry:
         return self._last.get(phase)
 
 
+_FORCED: dict[str, Choice] = {}  # the choice of each forced family, made once (Choice is immutable)
 _REFERENCE_CHOICE = {
     True: Choice("reference", "THD_ATTENTION_BACKEND=reference"),
     False: Choice("reference", "no Triton for these tensors"),

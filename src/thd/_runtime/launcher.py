@@ -19,6 +19,11 @@ on a cache hit with one cheap key of its own:
   descriptors' global scratch through ``triton.set_allocator``'s context variable, the profile
   scratch) is allocated inside that launcher, exactly as on the normal path.
 
+:meth:`KernelLauncher.run_fixed` is the same launch for a caller whose grid, trailing arguments
+and keywords are fixed per token (a cached plan's): it keys the cached kernel by the token, the
+leading tensors' types and every tensor's dtype and alignment (and the device and debug flag), not
+by the whole argument list; its first launch of each such key goes through :meth:`~KernelLauncher.run`.
+
 The key refines everything Triton specializes on (read from Triton 3.6.0 and 3.9.0): the types
 of the arguments, each tensor's dtype and 16-byte alignment, each int's equality to 1,
 divisibility by 16 and range (i32/i64/u64), every keyword value with its type (constexprs and
@@ -226,6 +231,8 @@ class KernelLauncher:
         self.fallbacks = 0  # keys that failed a check or a fast launch, now on the normal path
         self._cache: dict[tuple, list | str] = {}
         self._arg_keys: dict[tuple[type, ...], Callable[..., tuple] | str] = {}
+        self._fixed: dict[tuple[int, int], list] = {}  # run_fixed's records by the ids of token, keywords
+        self._tensor_keys: dict[tuple[type, ...], Callable[..., tuple] | str] = {}
         self._plan: tuple[int, tuple[str, ...], Callable[[dict], tuple]] | None = None
         self._plan_for: object = None
 
@@ -272,11 +279,8 @@ class KernelLauncher:
         if plan is None or len(args) != plan[0]:
             return None
         fn = self.fn
-        if fn.pre_run_hooks or not state.quiet():
+        if not self._undisturbed(state):
             return None
-        for (name, _), (value, globals_dict) in fn.used_global_vals.items():
-            if globals_dict.get(name, _ABSENT) != value:  # the normal path raises
-                return None
         types = tuple(map(type, args))
         arg_key = self._arg_keys.get(types)
         if arg_key is None:
@@ -293,16 +297,39 @@ class KernelLauncher:
             debug,
         )
 
+    def _undisturbed(self, state: _Triton) -> bool:
+        """No pre-run hook, launch hook or instrumentation active and no global the kernel uses
+        changed (the normal path raises then): what every fast launch checks first."""
+        fn = self.fn
+        if fn.pre_run_hooks or not state.quiet():
+            return False
+        for (name, _), (value, globals_dict) in fn.used_global_vals.items():
+            if globals_dict.get(name, _ABSENT) != value:
+                return False
+        return True
+
     # ------------------------------------------------------------------------- launches
+
+    @staticmethod
+    def _start(grid: object) -> tuple[_Triton, Any, int] | None:
+        """The fast path's state, Triton's active driver and the current device, or None where the
+        launch takes the normal path (fast path off, a grid that is not a tuple of 1-3 ints, no driver)."""
+        state = _state if _state_ready else _resolve()
+        if state is None or type(grid) is not tuple or not 1 <= len(grid) <= 3:
+            return None
+        try:
+            active = state.jit_module.driver.active
+            return state, active, active.get_current_device()
+        except Exception:
+            return None
 
     def run(self, grid: Sequence[int], *args: Any, **kwargs: Any) -> Any:
         """``fn[grid](*args, **kwargs)``, through the cache when possible."""
-        state = _state if _state_ready else _resolve()
-        if state is None or type(grid) is not tuple or not 1 <= len(grid) <= 3:
+        started = self._start(grid)
+        if started is None:
             return self._normal(grid, args, kwargs)
+        state, active, device = started
         try:
-            active = state.jit_module.driver.active
-            device = active.get_current_device()
             key = self.key(state, device, args, kwargs)
             entry = None if key is None else self._cache.get(key)
         except Exception:
@@ -313,7 +340,20 @@ class KernelLauncher:
             kernel = self._normal(grid, args, kwargs)
             self._remember(state, key, device, kernel, args, kwargs)
             return kernel
-        if entry is _SLOW:
+        return self._launch_cached(state, entry, active, device, grid, args, kwargs)
+
+    def _launch_cached(
+        self,
+        state: _Triton,
+        entry: list | str,
+        active: Any,
+        device: int,
+        grid: Any,
+        args: tuple,
+        kwargs: dict,
+    ) -> Any:
+        """Launch the cached kernel of ``entry`` (the normal path for a key marked slow)."""
+        if entry is _SLOW or entry[0] is None:
             return self._normal(grid, args, kwargs)
         launch, function, packed_metadata, kernel, unchecked, values = entry
         try:
@@ -338,11 +378,65 @@ class KernelLauncher:
             )
         except Exception:
             # Nothing was enqueued: the launcher raises before cuLaunchKernelEx or when it fails.
-            self._cache[key] = _SLOW
+            entry[0] = None  # this key takes the normal path from now on, whichever way it is found
             self.fallbacks += 1
             return self._normal(grid, args, kwargs)
         self.fast_launches += 1
         return kernel
+
+    def run_fixed(self, token: object, grid: tuple, head: tuple, tail: tuple, kwargs: dict) -> Any:
+        """``run(grid, *head, *tail, **kwargs)`` for a caller that passes the same ``grid`` and ``tail``
+        with the same ``token`` object every time, and one of a few ``kwargs`` dicts (none ever
+        changed; each is remembered by its identity with the token), ``head`` being
+        tensors: a launch is then found by ``head``'s types and its and ``tail``'s tensors' dtypes and
+        16-byte alignment (what Triton specializes on that may differ between such calls), with the
+        device and the debug flag, instead of by the whole key. The first launch of each such
+        combination takes :meth:`run` (and its checks); the global-state checks run every time."""
+        args = (*head, *tail)
+        started = self._start(grid)
+        if started is None:
+            return self._normal(grid, args, kwargs)
+        state, active, device = started
+        try:
+            fixed = self._fixed.get((id(token), id(kwargs)))
+            if fixed is None or fixed[0] is not token or fixed[4] is not kwargs:
+                fixed = self._fix(token, tail, kwargs)
+            types = tuple(map(type, head))
+            tensor_key = self._tensor_keys.get(types + fixed[1])
+            if tensor_key is None:
+                tensor_key = self._tensor_key(types + fixed[1])
+            if tensor_key is _NO_KEY or not self._undisturbed(state):
+                return self.run(grid, *args, **kwargs)
+            debug = kwargs.get("debug", self.fn.debug) or state.knobs.runtime.debug
+            sub = (device, debug, types, tensor_key(*head, *fixed[2]))  # type: ignore[operator]
+            entry = fixed[3].get(sub)
+        except Exception:
+            return self._normal(grid, args, kwargs)
+        if entry is None:
+            kernel = self.run(grid, *args, **kwargs)
+            key = self.key(state, device, args, kwargs)
+            fixed[3][sub] = _SLOW if key is None else self._cache.get(key, _SLOW)
+            return kernel
+        return self._launch_cached(state, entry, active, device, grid, args, kwargs)
+
+    def _fix(self, token: object, tail: tuple, kwargs: dict) -> list:
+        """The record of a :meth:`run_fixed` token and keywords: the token, its tail's tensor types
+        and tensors, its launches by their remaining key, the keywords."""
+        if len(self._fixed) >= 1024:  # a record keeps its token (a plan, and its tensors) alive
+            self._fixed.clear()
+        tensors = tuple(a for a in tail if type(a) in _TENSOR_TYPES)
+        record = [token, tuple(map(type, tensors)), tensors, {}, kwargs]
+        self._fixed[(id(token), id(kwargs))] = record
+        return record
+
+    def _tensor_key(self, types: tuple[type, ...]) -> Callable[..., tuple] | str:
+        """The key function of tensors of ``types`` (dtype and alignment of each), or
+        :data:`_NO_KEY` when one is not a tensor."""
+        found: Callable[..., tuple] | str = _NO_KEY
+        if all(t in _TENSOR_TYPES for t in types):
+            found = _make_arg_key(types) or _NO_KEY
+        self._tensor_keys[types] = found
+        return found
 
     def _normal(self, grid: Any, args: tuple, kwargs: dict) -> Any:
         self.normal_launches += 1

@@ -10,6 +10,7 @@ shared groups; the host builds a launch's argument tuple group by group in that 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -235,24 +236,56 @@ def _launch(
     tiled: tuple[Tensor, Tensor],
     args: tuple,
 ) -> None:
-    """Launch ``kernel`` on a ``(row blocks, heads, sequences + 1)`` grid. ``meta``: its constexprs
-    (from :func:`_meta`); ``tiled``: the tensors whose tiles the inner loop reads; a ``tma`` tile
-    uses descriptors only if they pass :func:`thd._runtime.tiles.tma_capable` (checked only for
-    such tiles)."""
-    if SETTINGS.autotune:
-        constexprs = {name: value for name, value in meta.items() if name != "FP32"}
-        block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
-        grid = lambda m: (max(1, triton.cdiv(rows, m[block])), num_heads, num_seqs + 1)
-        KERNELS[kernel][grid](*args, **constexprs, TMA=False, WARP_SPEC=False)
-        return
+    """Launch ``kernel`` on a ``(row blocks, heads, sequences + 1)`` grid through the autotuner
+    (``THD_AUTOTUNE=1``; every other launch takes a :class:`_Launch` of a cached plan). ``meta``: its
+    constexprs (from :func:`_meta`)."""
+    constexprs = {name: value for name, value in meta.items() if name != "FP32"}
+    block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
+    grid = lambda m: (max(1, triton.cdiv(rows, m[block])), num_heads, num_seqs + 1)
+    KERNELS[kernel][grid](*args, **constexprs, TMA=False, WARP_SPEC=False)
+
+
+class _Launch(NamedTuple):
+    """One launch of a cached plan: everything but the call's own tensors. ``tail``: the arguments
+    after them (layout tensors, sizes, strides, variant), fixed by the plan's key; ``tma_keywords``:
+    the keywords when the tile reads through descriptors and the tensors allow it (None: no TMA tile)."""
+
+    kernel: str
+    meta: dict
+    tile: tiles.Tile
+    rows: int
+    grid: tuple[int, int, int]
+    keywords: dict
+    tma_keywords: dict | None
+    tail: tuple
+
+    def run(self, head: tuple, tiled: tuple[Tensor, Tensor], reused: bool) -> None:
+        """Launch with ``head`` (the call's tensors) before :attr:`tail`; ``tiled``: the tensors
+        whose tiles the inner loop reads (checked by :func:`thd._runtime.tiles.tma_capable`).
+        ``reused``: the plan served an earlier call (a plan made for this call alone, e.g. the
+        ring's, whose layouts are new tensors each call, launches by the whole argument list)."""
+        tma = self.tma_keywords
+        keywords = tma if tma is not None and tiles.tma_capable(*tiled) else self.keywords
+        if reused:
+            LAUNCHERS[self.kernel].run_fixed(self, self.grid, head, self.tail, keywords)
+        else:
+            LAUNCHERS[self.kernel].run(self.grid, *head, *self.tail, **keywords)
+
+    def current(self) -> bool:
+        """Whether the tile table still gives this launch's tile (tests and the tuner change it)."""
+        return tiles.tile_for(self.kernel, self.meta, self.rows) is self.tile
+
+
+def _plan_launch(kernel: str, rows: int, num_heads: int, num_seqs: int, meta: dict, tail: tuple) -> _Launch:
+    """The :class:`_Launch` of ``kernel`` on a ``(row blocks, heads, sequences + 1)`` grid."""
     tile = tiles.tile_for(kernel, meta, rows)
     cap = tiles.SMALL_FWD_MAX_REGISTERS
     entry = _KEYWORDS.get((kernel, id(meta), id(tile), cap))
     if entry is None or entry[0] is not tile:  # the identity check: a dead tile's id may be reused
         entry = _keywords(kernel, meta, tile, cap)
     block = tile.block_n if kernel == "dkdv" else tile.block_m
-    keywords = entry[2] if tile.tma and tiles.tma_capable(*tiled) else entry[1]
-    LAUNCHERS[kernel].run((max(1, _cdiv(rows, block)), num_heads, num_seqs + 1), *args, **keywords)
+    grid = (max(1, _cdiv(rows, block)), num_heads, num_seqs + 1)
+    return _Launch(kernel, meta, tile, rows, grid, entry[1], entry[2] if tile.tma else None, tail)
 
 
 _KEYWORDS: dict[tuple[str, int, int, int], tuple[tiles.Tile, dict, dict]] = {}
@@ -358,6 +391,166 @@ def _meta_for(
     return meta
 
 
+# ----------------------------------------------------------------------------- cached plans
+# What a launch needs besides the call's own tensors (grids, constexprs, compile options, sizes,
+# strides, the layout's tensors) depends only on the layout, the options and the tensors' shapes,
+# strides and dtype: it is computed once per such key and kept in a plan. The key holds the ids of
+# the layout's tensors and of the options, and the plan holds those objects, so an id in a live
+# key is never another object's; the values of the offsets are read by the kernels at every launch
+# (the plan never depends on them), and their lengths are in the key. Every call still checks its
+# arguments before it gets here, reads the current tile table and TMA capability, and launches
+# through KernelLauncher (which checks what Triton specializes on, pointer alignment included).
+
+PLAN_LIMIT = 256
+"""Plans kept per phase; all are dropped when a new one would exceed it (a plan keeps its layout's
+offset tensors alive)."""
+_FORWARD_PLANS: dict[tuple, tuple[VarlenLayout, AttentionOptions, _Launch]] = {}
+_BACKWARD_PLANS: dict[tuple, _BackwardPlan] = {}
+
+
+def clear_plans() -> None:
+    """Forget every cached plan (the next call of each key builds its plan again)."""
+    _FORWARD_PLANS.clear()
+    _BACKWARD_PLANS.clear()
+
+
+def plan_counts() -> tuple[int, int]:
+    """How many forward and backward plans are cached."""
+    return len(_FORWARD_PLANS), len(_BACKWARD_PLANS)
+
+
+def _layout_key(layout: VarlenLayout) -> tuple:
+    return (
+        id(layout.cu_seqlens_q),
+        id(layout.cu_seqlens_kv),
+        id(layout.cu_seqlens_q_padded),
+        id(layout.cu_seqlens_kv_padded),
+        id(layout.positions_q),
+        id(layout.positions_kv),
+        layout.max_seqlen_q,
+        layout.max_seqlen_kv,
+        layout.cu_seqlens_q.shape[0],
+    )
+
+
+def _inputs_key(layout: VarlenLayout, options: AttentionOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+    """The part of a plan's key both phases share: the layout, the options and the inputs' geometry."""
+    return (_layout_key(layout), id(options), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride())
+
+
+def _remember(plans: dict, key: tuple, plan: object) -> None:
+    if len(plans) >= PLAN_LIMIT:
+        plans.clear()
+    plans[key] = plan
+
+
+def _forward_plan(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple[_Launch, bool]:
+    """The forward's launch, and whether it was cached (else made now)."""
+    q, k, v, layout, options, sinks, accumulate = call
+    key = (
+        *_inputs_key(layout, options, q, k, v),
+        out.stride(),
+        lse.stride(),
+        q.dtype,
+        sinks is None,
+        accumulate is None,
+        tiles.SMALL_FWD_MAX_REGISTERS,
+    )
+    found = _FORWARD_PLANS.get(key)
+    if found is not None and found[2].current():
+        return found[2], True
+    fold_scale = options.softmax_scale > 0.0 and options.softcap <= 0.0
+    meta = _meta("fwd", call, sinks is not None, accumulate is not None, fold_scale)
+    assert layout.max_seqlen_q is not None
+    tail = forward_args(call, out, lse)[6:]
+    launch = _plan_launch("fwd", layout.max_seqlen_q, q.shape[1], layout.num_seqs, meta, tail)
+    _remember(_FORWARD_PLANS, key, (layout, options, launch))
+    return launch, False
+
+
+class _Preprocess(NamedTuple):
+    """The backward preprocess launch of a plan (no tile: its block is fixed)."""
+
+    grid: tuple[int, int, int]
+    keywords: dict
+    tail: tuple
+
+    def run(self, head: tuple, reused: bool) -> None:
+        """As :meth:`_Launch.run`."""
+        if reused:
+            LAUNCHERS["preprocess"].run_fixed(self, self.grid, head, self.tail, self.keywords)
+        else:
+            LAUNCHERS["preprocess"].run(self.grid, *head, *self.tail, **self.keywords)
+
+
+class _BackwardPlan(NamedTuple):
+    """The launches of one backward key (None: not launched) and whether dQ is added by atomics."""
+
+    layout: VarlenLayout
+    options: AttentionOptions
+    atomic: bool
+    preprocess: _Preprocess | None
+    dkdv: _Launch | None
+    dq: _Launch | None
+
+    def current(self) -> bool:
+        return all(launch is None or launch.current() for launch in (self.dkdv, self.dq))
+
+
+def _backward_plan(
+    call: BackwardCall,
+    inputs: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
+    grads: tuple[Tensor, Tensor, Tensor],
+    dq_mode: int,
+) -> tuple[_BackwardPlan, bool]:
+    """The backward's launches, and whether they were cached (else made now)."""
+    q, k, v, do, lse, delta = inputs
+    out, sinks = call.saved.out, call.saved.sinks
+    layout, options, accumulate = call.layout, call.options, call.accumulate
+    key = (
+        *_inputs_key(layout, options, q, k, v),
+        do.stride(),
+        out.shape,
+        out.stride(),
+        lse.stride(),
+        q.dtype,
+        sinks is None,
+        None if accumulate is None else tuple(g.stride() for g in grads),
+        dq_mode,
+    )
+    found = _BACKWARD_PLANS.get(key)
+    if found is not None and found.current():
+        return found, True
+    dq, dk, dv = grads
+    num_heads, num_seqs = q.shape[1], layout.num_seqs
+    max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
+    assert max_q is not None and max_kv is not None
+    accumulating = accumulate is not None
+    dq_meta = _meta("dq", call, accumulating)
+    preprocess = None
+    if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
+        block = 64
+        preprocess = _Preprocess(
+            (_cdiv(max_q, block), num_heads, num_seqs),
+            _preprocess_keywords(v.shape[2], int(dq_meta["BLOCK_DV"]), sinks is not None, block),
+            preprocess_args(out, do, delta, lse, sinks, None, layout)[6:],  # the tail only
+        )
+    shared = backward_shared_args(inputs, layout, options)
+    dkdv = None
+    if k.shape[0] > 0:
+        dkdv_meta = _meta("dkdv", call, dq_mode, accumulating)
+        tail = backward_args(inputs, (dk, dv, dq), layout, options, shared)[9:]
+        dkdv = _plan_launch("dkdv", max_kv, k.shape[1], num_seqs, dkdv_meta, tail)
+    dq_launch = None
+    atomic = dq_mode > 0
+    if not atomic and q.shape[0] > 0:
+        tail = backward_args(inputs, (dq,), layout, options, shared)[7:]
+        dq_launch = _plan_launch("dq", max_q, num_heads, num_seqs, dq_meta, tail)
+    plan = _BackwardPlan(layout, options, atomic, preprocess, dkdv, dq_launch)
+    _remember(_BACKWARD_PLANS, key, plan)
+    return plan, False
+
+
 # ----------------------------------------------------------------------------- the family
 
 
@@ -377,17 +570,20 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     """
     q, k, v, layout, options, sinks, accumulate = call
     q, k, v = _rows_major(q), _rows_major(k), _rows_major(v)
-    num_rows, num_heads = q.shape[0], q.shape[1]
     out, lse = forward_outputs(call)
-    if num_rows == 0:
+    if q.shape[0] == 0:
         return out, lse
     assert layout.max_seqlen_q is not None
     if q is not call.q or k is not call.k or v is not call.v:
         call = call._replace(q=q, k=k, v=v)
-    fold_scale = options.softmax_scale > 0.0 and options.softcap <= 0.0
-    meta = _meta("fwd", call, sinks is not None, accumulate is not None, fold_scale)
-    args = forward_args(call, out, lse)
-    _launch("fwd", layout.max_seqlen_q, num_heads, layout.num_seqs, meta, (k, v), args)
+    if SETTINGS.autotune:
+        fold_scale = options.softmax_scale > 0.0 and options.softcap <= 0.0
+        meta = _meta("fwd", call, sinks is not None, accumulate is not None, fold_scale)
+        args = forward_args(call, out, lse)
+        _launch("fwd", layout.max_seqlen_q, q.shape[1], layout.num_seqs, meta, (k, v), args)
+        return out, lse
+    plan, reused = _forward_plan(call, out, lse)
+    plan.run((q, k, v, out, lse, q if sinks is None else sinks), (k, v), reused)
     return out, lse
 
 
@@ -398,15 +594,41 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     ``accumulate=(dq, dk, dv)`` (fp32, shaped like q, k, v): add this launch's gradients to those
     buffers on its real rows only (every other row is left as it is) and return them.
     """
-    do, (q, k, v, out, lse, sinks), layout, options, accumulate = call
+    do, (q, k, v, out, lse, sinks), _, options, accumulate = call
     do, q, k, v, out = (_rows_major(t) for t in (do, q, k, v, out))
     lse = lse.contiguous()
+    if SETTINGS.autotune:
+        return _autotuned_backward(call, do, q, k, v, out, lse)
+    dq_mode = tiles.dq_mode(options.deterministic)
+    # atomics add into an accumulated fp32 dq buffer as they would into a fresh one
+    dq, dk, dv = gradient_buffers(call, atomic_dq=dq_mode > 0)
+    delta = torch.empty_like(lse)
+    dsink_rows = torch.zeros_like(lse) if sinks is not None else None
+    inputs = (q, k, v, do, lse, delta)
+    plan, reused = _backward_plan(call, inputs, (dq, dk, dv), dq_mode)
+    if plan.preprocess is not None:
+        rows = delta if dsink_rows is None else dsink_rows
+        plan.preprocess.run((out, do, delta, lse, out if sinks is None else sinks, rows), reused)
+    if plan.dkdv is not None:
+        plan.dkdv.run((*inputs, dk, dv, dq), (q, do), reused)
+    if plan.atomic:
+        dq = dq if accumulate is not None else dq.to(q.dtype)
+    elif plan.dq is not None:
+        plan.dq.run((*inputs, dq), (k, v), reused)
+    dsinks = None if dsink_rows is None else dsink_rows.sum(1).to(sinks.dtype)  # type: ignore[union-attr]
+    return dq, dk, dv, dsinks
+
+
+def _autotuned_backward(
+    call: BackwardCall, do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """:func:`backward` through the autotuner (``THD_AUTOTUNE=1``): no plans."""
+    sinks, layout, options, accumulate = call.saved.sinks, call.layout, call.options, call.accumulate
     num_heads, num_kv_heads, num_seqs = q.shape[1], k.shape[1], layout.num_seqs
     max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
     assert max_q is not None and max_kv is not None
     dq_mode = tiles.dq_mode(options.deterministic)
     atomic = dq_mode > 0
-    # atomics add into an accumulated fp32 dq buffer as they would into a fresh one
     dq, dk, dv = gradient_buffers(call, atomic_dq=atomic)
     delta = torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None

@@ -1,0 +1,231 @@
+"""thd's own host work per eager attention call, on CPU, with the kernel launches stubbed.
+
+The problem of ``bench_host.py`` (2 documents of 64 tokens, bf16, 16 heads, head dim 128,
+causal, ``max_seqlen_*`` given) on CPU tensors, forced onto the ``tl`` kernel family
+(``THD_ATTENTION_BACKEND=triton``, ``THD_KERNELS=tl``), with no kernel run. ``--launcher``:
+
+- ``fast`` (default): every launch goes through :class:`thd._runtime.launcher.KernelLauncher`'s
+  cached path as on the GPU (its key of the arguments, its cache lookup, the call of the compiled
+  kernel's launcher), with a stand-in for Triton's CUDA driver (device 0, stream 0) and a no-op in
+  place of the compiled kernel's launcher: the first launch of a key records a no-op entry where
+  the GPU would record the compiled kernel. It needs a Triton the launcher reviewed (3.6 / 3.9).
+- ``stub``: ``KernelLauncher.run`` itself is a no-op (what is left is thd's work above the launcher).
+
+``--offsets fresh`` passes a new copy of the offsets each call (as a data loader does per batch):
+every call then misses the cached launch plans, which this measures.
+
+Modes: ``fwd`` (forward under ``no_grad``) and ``fwd_bwd`` (forward, then ``torch.autograd.grad``
+of q, k, v), as ``bench_host.py`` times them. Per mode: ``us_per_call``, the median over
+``--rounds`` loops of ``--calls`` calls (``time.perf_counter``), and a cProfile breakdown of one
+more loop (functions by own time per call; profiling inflates small functions, so read it for the
+shares, the timing loops for the totals). Kernel launches per call are counted and printed.
+
+    PYTHONPATH=src:. python benchmarks/profile_host.py                  # both modes, table + profile
+    PYTHONPATH=src:. python benchmarks/profile_host.py --json /tmp/host-cpu.json --top 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+MODES = ("fwd", "fwd_bwd")
+ENV = {"THD_ATTENTION_BACKEND": "triton", "THD_KERNELS": "tl"}
+LAUNCHES: Counter[str] = Counter()
+
+
+def _kernel_name(launcher: Any) -> str:
+    return str(getattr(launcher.fn, "__name__", launcher.fn))
+
+
+@contextmanager
+def stubbed_launches(mode: str) -> Iterator[None]:
+    """Kernel launches replaced by no-ops (see the module docstring), undone on exit."""
+    from thd._runtime import launcher as launcher_mod
+
+    cls = launcher_mod.KernelLauncher
+    names = ("run", "run_fixed", "_normal", "_remember")  # run_fixed: not in every version measured
+    saved = {name: cls.__dict__[name] for name in names if name in cls.__dict__}
+    if mode == "stub":
+
+        def run(self: Any, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
+            LAUNCHES[_kernel_name(self)] += 1
+
+        def run_fixed(self: Any, token: object, grid: Sequence[int], *rest: Any) -> None:
+            LAUNCHES[_kernel_name(self)] += 1
+
+        cls.run, cls.run_fixed = run, run_fixed  # type: ignore[method-assign]
+    else:
+        state = launcher_mod._resolve()
+        if state is None:
+            raise SystemExit("profile_host: the launcher's fast path is off here (THD_FAST_LAUNCH, Triton)")
+        active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 0)
+        state.jit_module = SimpleNamespace(driver=SimpleNamespace(active=active))
+
+        def normal(self: Any, grid: Any, args: tuple, kwargs: dict) -> object:
+            self.normal_launches += 1
+            LAUNCHES[_kernel_name(self)] += 1
+            return None
+
+        def remember(self: Any, state: Any, key: tuple, *rest: Any) -> None:
+            name = _kernel_name(self)
+
+            def noop_launch(*args: Any) -> None:  # where the GPU calls the compiled kernel
+                LAUNCHES[name] += 1
+
+            self._cache[key] = [noop_launch, None, None, None, False, self._layout(state)[2]]
+
+        cls._normal, cls._remember = normal, remember  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(cls, name, value)
+        launcher_mod.reload_settings()
+
+
+def problem(heads: int, head_dim: int, docs: int, length: int, dtype: torch.dtype) -> SimpleNamespace:
+    gen = torch.Generator().manual_seed(0)
+    rows = docs * length
+    q, k, v, do = (torch.randn(rows, heads, head_dim, dtype=dtype, generator=gen) for _ in range(4))
+    cu = torch.arange(0, rows + 1, length, dtype=torch.int32)
+    return SimpleNamespace(q=q, k=k, v=v, do=do, cu=cu, max_len=length)
+
+
+def call_fn(p: SimpleNamespace, mode: str, fresh_offsets: bool) -> Callable[[], object]:
+    """One eager call of ``mode`` as ``bench_host.py`` makes it (``fresh_offsets``: with a new copy
+    of the offsets each call, as a data loader gives every batch; cached plans then never hit)."""
+    import thd
+
+    def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
+        bounds = {"max_seqlen_q": p.max_len, "max_seqlen_kv": p.max_len}
+        cu = p.cu.clone() if fresh_offsets else p.cu
+        return thd.attention(q, k, v, cu, cu, **bounds, causal=True)
+
+    if mode == "fwd":
+
+        def fwd() -> object:
+            with torch.no_grad():
+                return attn(p.q, p.k, p.v)
+
+        return fwd
+    leaves = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
+
+    def fwd_bwd() -> object:
+        return torch.autograd.grad(attn(*leaves), leaves, p.do)
+
+    return fwd_bwd
+
+
+def time_loop(fn: Callable[[], object], calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+def profile_rows(fn: Callable[[], object], calls: int, top: int) -> list[dict[str, Any]]:
+    """The ``top`` functions by own time per call under cProfile (µs, calls per call)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = []
+    for (path, line, name), (_, ncalls, tottime, cumtime, _) in stats.items():
+        where = f"{os.path.basename(path)}:{line}" if line else path
+        rows.append(
+            {
+                "function": f"{where}({name})",
+                "calls": ncalls / calls,
+                "own_us": tottime * 1e6 / calls,
+                "cum_us": cumtime * 1e6 / calls,
+            }
+        )
+    rows.sort(key=lambda r: r["own_us"], reverse=True)
+    return rows[:top]
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    p = problem(args.heads, args.head_dim, 2, 64, torch.bfloat16)
+    results: dict[str, Any] = {}
+    with stubbed_launches(args.launcher):
+        fns = {mode: call_fn(p, mode, args.offsets == "fresh") for mode in args.modes}
+        for mode, fn in fns.items():
+            for _ in range(20):  # first calls: imports, caches, first launches
+                fn()
+            LAUNCHES.clear()
+            fn()
+            results[mode] = {"launches_per_call": dict(LAUNCHES), "rounds_us": []}
+        for _ in range(args.rounds):  # the modes take turns
+            for mode, fn in fns.items():
+                results[mode]["rounds_us"].append(time_loop(fn, args.calls))
+        for mode, fn in fns.items():
+            results[mode]["us_per_call"] = statistics.median(results[mode]["rounds_us"])
+            if args.top:
+                results[mode]["profile"] = profile_rows(fn, args.profile_calls, args.top)
+    from thd.ops.attention import kernel_choice
+
+    for mode in args.modes:
+        phases = ("forward", "backward") if mode == "fwd_bwd" else ("forward",)
+        results[mode]["families"] = {ph: getattr(kernel_choice(ph), "family", None) for ph in phases}
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--launcher", default="fast", choices=("fast", "stub"))
+    parser.add_argument(
+        "--offsets", default="same", choices=("same", "fresh"), help="fresh: new offset tensors each call"
+    )
+    parser.add_argument("--calls", type=int, default=400, help="calls per timed loop")
+    parser.add_argument("--rounds", type=int, default=7, help="timed loops per mode (median)")
+    parser.add_argument("--profile-calls", type=int, default=200, help="calls in the cProfile loop")
+    parser.add_argument("--top", type=int, default=25, help="profile rows per mode (0: no profile)")
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("profile_host: unset TRITON_INTERPRET (the launches are stubbed, not interpreted)")
+    os.environ.update(ENV)
+    results = measure(args)
+    for mode in args.modes:
+        r = results[mode]
+        rounds = " ".join(f"{t:.1f}" for t in r["rounds_us"])
+        print(
+            f"{mode:<8} {r['us_per_call']:8.1f} us/call (median; rounds {rounds}) "
+            f"launches {r['launches_per_call']} families {r['families']}"
+        )
+        for row in r.get("profile", []):
+            print(
+                f"    {row['own_us']:7.2f} own {row['cum_us']:8.2f} cum {row['calls']:5.1f}x"
+                f"  {row['function']}"
+            )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"config": vars(args), "env": ENV, "results": results}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""``benchmarks/profile_host.py`` runs on CPU with the launches stubbed: it times the ``tl`` path
+(one forward launch; three or four forward+backward, by the dQ mode) and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_profile_host_counts_the_tl_launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # launches are stubbed, not interpreted
+    for name, value in (("THD_ATTENTION_BACKEND", "triton"), ("THD_KERNELS", "tl")):
+        monkeypatch.setenv(name, value)  # the script sets them too: restored after the test
+    import profile_host
+
+    from thd._runtime import tiles
+
+    out = tmp_path / "host.json"
+    argv = ["--launcher", "stub", "--calls", "3", "--rounds", "2", "--profile-calls", "2", "--top", "5"]
+    assert profile_host.main([*argv, "--heads", "2", "--head-dim", "128", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["fwd"]["launches_per_call"] == {"_attention_fwd_kernel": 1}
+    backward = ["_attention_bwd_preprocess_kernel", "_attention_bwd_dkdv_kernel"]
+    if tiles.FAST_DQ_MODE == 0:  # else dQ is added by atomics (the interpreter's default)
+        backward.append("_attention_bwd_dq_kernel")
+    expected = {name: 1 for name in ["_attention_fwd_kernel", *backward]}
+    assert results["fwd_bwd"]["launches_per_call"] == expected
+    assert results["fwd_bwd"]["families"] == {"forward": "tl", "backward": "tl"}
+    for mode in ("fwd", "fwd_bwd"):
+        assert len(results[mode]["rounds_us"]) == 2 and results[mode]["us_per_call"] > 0
+        assert 1 <= len(results[mode]["profile"]) <= 5
