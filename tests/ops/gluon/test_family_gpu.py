@@ -11,6 +11,7 @@ import torch
 import thd
 from tests._helpers import assert_close, assert_rows_equal, make_layout, make_qkv
 from thd.ops.attention import kernel_choice
+from thd.ops.attention.gluon import family as gluon_family
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +67,7 @@ def test_gluon_family_through_thd_attention(
 def test_auto_picks_the_measured_faster_family(monkeypatch: pytest.MonkeyPatch, dim: int) -> None:
     *_, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False)
     assert forward.family == "tl" and forward.reason == "gluon measured slower for the call"
-    assert backward.family == ("gluon" if dim == 128 else "tl")
+    assert backward.family == ("gluon" if dim in gluon_family.AUTO_BACKWARD_HEAD_DIMS else "tl")
     # documents above 1024 tokens (a stated max_seqlen_q): the Gluon forward at head dim 128
     *auto, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False, LONG)
     assert forward.family == ("gluon" if dim == 128 else "tl")
