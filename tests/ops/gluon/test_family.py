@@ -36,8 +36,13 @@ def test_auto_preference_follows_the_measurements() -> None:
     for dim in (64, 128):
         forward, backward = _calls(dim)
         assert not family.auto_forward(forward)  # short documents: tl measured faster
-        assert family.auto_backward(backward) == (dim in family.AUTO_BACKWARD_HEAD_DIMS)
+        assert not family.auto_backward(backward)
+        # the backward: head dims 64 and 128 and a stated max_seqlen_q above 1024 tokens
+        assert family.auto_backward(_calls(dim, max_seqlen=1025)[1])
+        assert not family.auto_backward(_calls(dim, max_seqlen=1024)[1])
+        assert not family.auto_backward(_calls(dim, max_seqlen=None)[1])
     assert family.AUTO_BACKWARD_HEAD_DIMS == (64, 128)
+    assert not family.auto_backward(_calls(32, max_seqlen=8192)[1])
     # the forward: head dim 128 and a stated max_seqlen_q above 1024 tokens
     assert family.auto_forward(_calls(128, max_seqlen=1025)[0])
     assert not family.auto_forward(_calls(128, max_seqlen=1024)[0])

@@ -11,7 +11,10 @@ tl's TFLOP/s at head dim 128 on documents of up to 4096 and 8192 tokens, but 0.8
 of 64-1024 tokens and 0.93-1.05x at head dim 64, so ``auto`` takes it at head dim 128 when the call
 states ``max_seqlen_q`` above 1024 (a host value: nothing is read from the device to decide); the
 Gluon backward (two consumer partitions; at head dim 64 dQ by TMA reduce-add) took 0.82x tl's time
-at head dim 128 and 0.89x at 64 on 512-8192-token documents, so ``auto`` takes it at both.
+at head dim 128 and 0.89x at 64 on 512-8192-token documents (gluon-bwd-atomic-5263879.json) and about
+0.9x on 256-4096, but 1.16x at 128 and 2.1x at 64 on 64-1024-token documents (attention-45baae4.json,
+backward time derived from the forward and forward+backward records), so ``auto`` takes it at both
+head dims under the forward's rule on the stated ``max_seqlen_q``.
 """
 
 from __future__ import annotations
@@ -34,16 +37,19 @@ backward = gluon_backward.backward
 
 AUTO_FORWARD_HEAD_DIMS = (128,)
 """Head dims whose Gluon forward measured faster than tl's on long documents."""
-AUTO_FORWARD_MIN_SEQLEN = 1024
-"""``auto`` takes the Gluon forward only when the call's ``max_seqlen_q`` is above this."""
+AUTO_MIN_SEQLEN = 1024
+"""``auto`` takes a Gluon kernel only when the call's ``max_seqlen_q`` is above this."""
 
 
 def auto_forward(call: ForwardCall) -> bool:
     """Head dim 128 (``q`` and ``v``) and a stated ``max_seqlen_q`` above 1024 (module docstring)."""
     longest = call.layout.max_seqlen_q
     dims_ok = call.q.shape[2] in AUTO_FORWARD_HEAD_DIMS and call.v.shape[2] in AUTO_FORWARD_HEAD_DIMS
-    return dims_ok and longest is not None and longest > AUTO_FORWARD_MIN_SEQLEN
+    return dims_ok and longest is not None and longest > AUTO_MIN_SEQLEN
 
 
 def auto_backward(call: BackwardCall) -> bool:
-    return call.saved.q.shape[2] in AUTO_BACKWARD_HEAD_DIMS
+    """Head dims 64 and 128 and a stated ``max_seqlen_q`` above 1024 (module docstring)."""
+    longest = call.layout.max_seqlen_q
+    dims_ok = call.saved.q.shape[2] in AUTO_BACKWARD_HEAD_DIMS
+    return dims_ok and longest is not None and longest > AUTO_MIN_SEQLEN
