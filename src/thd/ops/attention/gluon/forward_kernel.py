@@ -141,7 +141,7 @@ def _load_item(item, kv_head, q_smem, first_part, q_full, ring, it, PARTS: gl.co
         head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
     ) = item  # fmt: skip
     k_smem, v_smem, k_full, v_full, k_empty, v_empty = ring
-    ROWS: gl.constexpr = q_smem.shape[1]  # Q in PARTS buffers from first_part: one per consumer
+    ROWS: gl.constexpr = q_smem.shape[1]  # Q in PARTS buffers of ROWS rows from first_part
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -192,7 +192,8 @@ def _producer(
     ring = (k_smem, v_smem, k_full, v_full, k_empty, v_empty)
     it = 0
     t = 0
-    BLOCK_M: gl.constexpr = NUM_WG * q_smem.shape[1]
+    PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
+    BLOCK_M: gl.constexpr = PARTS * q_smem.shape[1]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
         head, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
@@ -206,9 +207,9 @@ def _producer(
             head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
         )  # fmt: skip
         if qi == 0:  # two call sites: two descriptor sets in the global scratch
-            it = _load_item(item, head // GROUP, q_smem, 0, q_bars.index(0), ring, it, NUM_WG)
+            it = _load_item(item, head // GROUP, q_smem, 0, q_bars.index(0), ring, it, PARTS)
         else:
-            it = _load_item(item, head // GROUP, q_smem, NUM_WG, q_bars.index(1), ring, it, NUM_WG)
+            it = _load_item(item, head // GROUP, q_smem, PARTS, q_bars.index(1), ring, it, PARTS)
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
 
 
@@ -303,8 +304,9 @@ def _consumer(
         seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
         rows_q, rows_k, window_left, window_right, sm_scale, softcap,
     ) = args  # fmt: skip
-    ROWS: gl.constexpr = q_smem.shape[1]
-    BLOCK_M: gl.constexpr = ROWS * NUM_WG
+    PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
+    BLOCK_M: gl.constexpr = PARTS * q_smem.shape[1]
+    ROWS: gl.constexpr = BLOCK_M // NUM_WG
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
@@ -347,7 +349,12 @@ def _consumer(
             l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
             acc = gl.zeros([ROWS, HEAD_DIM_V], gl.float32, layout=o_layout)
         qi = t & 1
-        q_buf = q_smem.index(qi * NUM_WG + WG)
+        if PARTS == 1:
+            q_buf = q_smem.index(qi)
+            if NUM_WG == 2:
+                q_buf = q_buf.slice(WG * ROWS, ROWS, dim=0)
+        else:  # this warpgroup's own buffer
+            q_buf = q_smem.index(qi * PARTS + WG)
         mbarrier.wait(q_bars.index(qi), (t >> 1) & 1)
         num_tiles = gl.cdiv(end - a, BLOCK_N)
         if num_tiles > 0:
@@ -436,14 +443,15 @@ def attention_fwd_kernel(
     total = gl.load(count_ptr) * num_heads
 
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    ROWS: gl.constexpr = BLOCK_M // NUM_WG  # query rows per consumer warpgroup
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
+    # Q of two query tiles (double-buffered by item parity): one buffer each, or with three
+    # consumer warpgroups one per warpgroup (192 rows is no power of two; two buffers are spare)
+    QUERY_PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1
+    Q_BUFFERS: gl.constexpr = 8 if NUM_WG == 3 else 2
+    Q_ROWS: gl.constexpr = BLOCK_M // QUERY_PARTS
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([Q_ROWS, HEAD_DIM], dtype)
     k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM_V], dtype)
-    # two query tiles (double-buffered by item parity), each in one part per consumer warpgroup
-    # (shapes are powers of two: with three warpgroups two parts are spare)
-    Q_PARTS: gl.constexpr = 8 if NUM_WG == 3 else 2 * NUM_WG
-    q_smem = gl.allocate_shared_memory(dtype, [Q_PARTS, ROWS, HEAD_DIM], q_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [Q_BUFFERS, Q_ROWS, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM_V], v_layout)
     q_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # full 0, 1; empty 0, 1
