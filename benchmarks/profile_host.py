@@ -41,6 +41,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from attention_measure import timed_fn
 
 MODES = ("fwd", "fwd_bwd")
 ENV = {"THD_ATTENTION_BACKEND": "triton", "THD_KERNELS": "tl"}
@@ -115,19 +116,7 @@ def call_fn(p: SimpleNamespace, mode: str, fresh_offsets: bool) -> Callable[[], 
         cu = p.cu.clone() if fresh_offsets else p.cu
         return thd.attention(q, k, v, cu, cu, **bounds, causal=True)
 
-    if mode == "fwd":
-
-        def fwd() -> object:
-            with torch.no_grad():
-                return attn(p.q, p.k, p.v)
-
-        return fwd
-    leaves = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
-
-    def fwd_bwd() -> object:
-        return torch.autograd.grad(attn(*leaves), leaves, p.do)
-
-    return fwd_bwd
+    return timed_fn(attn, p, mode)  # type: ignore[arg-type]  # p: q, k, v, do as it needs
 
 
 def time_loop(fn: Callable[[], object], calls: int) -> float:

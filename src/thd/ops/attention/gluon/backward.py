@@ -99,7 +99,8 @@ _PREPROCESS_ROWS = 64
 
 
 def _tma_readable(t: Tensor) -> bool:
-    """Rows of a ``[T, H, D]`` tensor the kernels' descriptors can read: heads adjacent in a row
+    """Rows of a ``[T, H, D]`` tensor the kernels' descriptors can read (or, for the fp32 dq, add
+    tiles into by TMA): heads adjacent in a row
     (the dK/dV kernel addresses a head as a column offset of ``[T, H * D]``), 16-byte aligned
     base and row stride."""
     per_16_bytes = 16 // t.element_size()
@@ -108,17 +109,6 @@ def _tma_readable(t: Tensor) -> bool:
         and t.stride(1) == t.shape[2]
         and t.data_ptr() % 16 == 0
         and t.stride(0) % per_16_bytes == 0
-    )
-
-
-def _tma_reducible(dq: Tensor) -> bool:
-    """Whether the two-partition dK/dV kernel can add dQ tiles into fp32 ``dq`` by TMA: rows of
-    adjacent heads (``[T, H * D]``), 16-byte aligned base and row stride."""
-    return (
-        dq.stride(2) == 1
-        and dq.stride(1) == dq.shape[2]
-        and dq.data_ptr() % 16 == 0
-        and (dq.stride(0) * dq.element_size()) % 16 == 0
     )
 
 
@@ -199,7 +189,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     window = (options.softmax_scale, max(options.window_left, 0), max(options.window_right, 0))
     if k.shape[0] > 0:
         tile = TILES[("dkdv", head_dim)]
-        if atomic and tile.consumers > 1 and not _tma_reducible(dq):  # per-element atomics instead
+        if atomic and tile.consumers > 1 and not _tma_readable(dq):  # no TMA reduce-add: per-element atomics
             tile = replace(tile, consumers=1)
         kernels._dkdv_kernel[(max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1)](
             q,
