@@ -224,17 +224,33 @@ def _time(fn: Callable[[], object], args: argparse.Namespace) -> float:
 def _rank_times(
     plan: Any, ring_lengths: list[int], args: argparse.Namespace, device: torch.device
 ) -> dict[str, list[dict[str, float]]]:
-    """Per mode, each rank's ms of its local attention, ring region and linear proxy, and their sum."""
-    per_rank: dict[str, list[dict[str, float]]] = {m: [] for m in args.modes}
+    """Per mode, each rank's ms of its local attention, ring region and linear proxy, and their sum.
+
+    Every rank's calls are built (and warmed) first; then ``args.rounds`` rounds time every rank,
+    each round starting one rank later, and each part's time is its median over the rounds. A
+    GPU's clock drifts over a case (it heats under the ring's long steps), so timing the ranks one
+    after another once would read a drift as imbalance.
+    """
     heads, dim, cp = args.heads, args.head_dim, plan.cp_size
-    for rank in range(cp):
-        calls = {
+    calls = [
+        {
             "local": _local_calls(plan, rank, heads, dim, device),
             "ring": _ring_calls(ring_lengths, plan.ring_slots, cp, rank, heads, dim, device),
             "linear": _linear_calls(plan.rank_tokens[rank], args.hidden, device),
         }
-        for mode in args.modes:
-            parts = {part: _time(c[mode], args) for part, c in calls.items()}
+        for rank in range(cp)
+    ]
+    samples: dict[tuple[str, int, str], list[float]] = {}
+    for round_index in range(args.rounds):
+        for step in range(cp):
+            rank = (round_index + step) % cp
+            for mode in args.modes:
+                for part, by_mode in calls[rank].items():
+                    samples.setdefault((mode, rank, part), []).append(_time(by_mode[mode], args))
+    per_rank: dict[str, list[dict[str, float]]] = {m: [] for m in args.modes}
+    for mode in args.modes:
+        for rank in range(cp):
+            parts = {part: statistics.median(samples[(mode, rank, part)]) for part in calls[rank]}
             parts["total"] = sum(parts.values())
             per_rank[mode].append(parts)
     return per_rank
@@ -453,6 +469,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rep-ms", type=float, default=40.0)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3, help="calls before each timing")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="balance: rounds over the ranks, rotated; median per part")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--commit", default="", help="commit the code is at (the device copy has no .git)")
     parser.add_argument(
@@ -463,7 +481,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     if "--quick" in (sys.argv[1:] if argv is None else argv):  # smaller defaults; flags still win
         parser.set_defaults(tokens=512, seeds=1, plan_tokens=1 << 16, plan_reps=3, heads=2, head_dim=16,
-                            hidden=64, rep_ms=1.0, trials=1, warmup=0, cp=[2, 4])  # fmt: skip
+                            hidden=64, rep_ms=1.0, trials=1, warmup=0, rounds=2, cp=[2, 4])  # fmt: skip
     args = parser.parse_args(argv)
     if args.parts is None:
         args.parts = ["bytes", "planning"] + (["balance", "overlap"] if args.device == "cuda" else [])

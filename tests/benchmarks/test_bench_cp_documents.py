@@ -144,3 +144,39 @@ def test_overlap_part_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         "long-tail cp=2 fwd",
         "64-1024 cp=2 fwd",
     }
+
+
+def test_rank_times_rotate_the_rank_order_and_take_medians(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round starts one rank later (a clock drift over the case is not read as imbalance),
+    and each part's time is its median over the rounds."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import argparse
+    from types import SimpleNamespace
+
+    import bench_cp_documents as bench
+
+    monkeypatch.setattr(bench, "_local_calls", lambda plan, rank, *a: {"fwd": ("local", rank)})
+    monkeypatch.setattr(bench, "_ring_calls", lambda lengths, slots, cp, rank, *a: {"fwd": ("ring", rank)})
+    monkeypatch.setattr(bench, "_linear_calls", lambda tokens, hidden, device: {"fwd": ("linear", tokens)})
+    order: list[int] = []
+    clock = iter(range(1, 1000))
+
+    def fake_time(call: tuple[str, int], args: argparse.Namespace) -> float:
+        kind, tag = call
+        rank = tag if kind != "linear" else tag - 100
+        if kind == "local":
+            order.append(rank)
+        return 10.0 * rank + next(clock) / 1000  # a rank's own cost plus a slow drift
+
+    monkeypatch.setattr(bench, "_time", fake_time)
+    plan = SimpleNamespace(cp_size=3, ring_slots=(), rank_tokens=[100, 101, 102])
+    args = argparse.Namespace(heads=1, head_dim=8, hidden=8, modes=["fwd"], rounds=3)
+    per_rank = bench._rank_times(plan, [], args, torch.device("cpu"))
+    assert order == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+    for rank, parts in enumerate(per_rank["fwd"]):
+        assert set(parts) == {"local", "ring", "linear", "total"}
+        for part in ("local", "ring", "linear"):
+            assert 10.0 * rank < parts[part] < 10.0 * rank + 0.03  # the median of its three rounds
+        assert parts["total"] == pytest.approx(parts["local"] + parts["ring"] + parts["linear"])
+    # rank 0's local part ran at ticks 1, 16 and 22 (first, last, second in its rounds): median 16
+    assert per_rank["fwd"][0]["local"] == pytest.approx(0.016)
