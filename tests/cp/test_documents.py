@@ -142,8 +142,17 @@ def _check_threads(
         want_lse = torch.where(real.view(1, -1), want[5][:, lay.index], float("-inf"))
         assert_close(lses[rank], want_lse, f"{label}: lse", **tolerance(torch.float32))
     if sinks is not None:
-        total = torch.stack([d.float() for d in dsinks]).sum(0)
-        assert_close(total, want[4], f"{batch.name}: dsinks", **tolerance(dtype, "grad"))
+        parts = torch.stack([d.float() for d in dsinks])
+        total = parts.sum(0)
+        # Each part is rounded to the sinks' dtype before the sum, and the parts cancel (a sum of
+        # -p_sink * delta over rows of either sign): the error scale is sum |part|, not |total|.
+        tol = tolerance(dtype, "grad")
+        bound = tol["atol"] + tol["rtol"] * (want[4].float().abs() + parts.abs().sum(0))
+        err = (total - want[4].float()).abs()
+        assert bool((err <= bound).all()), (
+            f"{batch.name}: dsinks: max error {float(err.max()):.3e}, bound there "
+            f"{float(bound[err.argmax()]):.3e}; got {total.tolist()}, want {want[4].float().tolist()}"
+        )
 
 
 THREAD_VARIANTS = ((True, (-1, -1), 0.0, False), (True, (5, 0), 2.0, True), (False, (-1, -1), 0.0, True))
