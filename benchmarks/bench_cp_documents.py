@@ -226,10 +226,10 @@ def _rank_times(
 ) -> dict[str, list[dict[str, float]]]:
     """Per mode, each rank's ms of its local attention, ring region and linear proxy, and their sum.
 
-    Every rank's calls are built (and warmed) first; then ``args.rounds`` rounds time every rank,
-    each round starting one rank later, and each part's time is its median over the rounds. A
-    GPU's clock drifts over a case (it heats under the ring's long steps), so timing the ranks one
-    after another once would read a drift as imbalance.
+    Every rank's calls are built first; then ``args.rounds`` rounds time every rank (each timing
+    warms its call first), each round starting one rank later, and each part's time is its median
+    over the rounds. A GPU's clock drifts over a case (it heats under the ring's long steps), so
+    timing the ranks one after another once would read the drift as imbalance.
     """
     heads, dim, cp = args.heads, args.head_dim, plan.cp_size
     calls = [
