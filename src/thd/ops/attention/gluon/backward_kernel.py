@@ -9,12 +9,15 @@ the last slot, and row tiles ``first, first + grid0, ...`` follow (more than one
 
 ``_dkdv_kernel``: one program per (key tile, kv head, sequence). A one-warp TMA producer loads the
 key tile's K and V once, then streams the Q and dO tiles of every query head of the group into a
-``NUM_STAGES`` ring guarded by ``ready`` / ``empty`` mbarriers. Its tensor descriptors are built
-on the device per sequence with ``real length`` rows (``[L, heads * D]``, a head a column offset),
+``NUM_STAGES`` ring guarded by ``ready`` / ``empty`` mbarriers, each Q tile's rows' ``lse`` and
+``delta`` beside it in shared memory (a second arrival on ``ready``): the consumers read them there
+when they need them, so none of their registers hold them while the products issue (in registers
+they made ptxas spill and serialise ``S^T`` and ``dP^T`` at head dim 128). Its tensor descriptors
+are built on the device per sequence with ``real length`` rows (``[L, heads * D]``, a head a column offset),
 so rows past a sequence's end arrive as zeros and padding is never read. The consumer warps hold
 dK and dV in fp32 registers and per query tile compute ``S^T = K Q^T``,
-``P^T = exp2(S^T * scale * log2 e - lse)``, ``dV += P^T dO``, ``dP^T - delta = V dO^T - delta``
-(delta as the accumulator's initial value), ``dS^T = P^T (dP^T - delta) * scale``, ``dK += dS^T Q``
+``P^T = exp2(S^T * scale * log2 e - lse)``, ``dV += P^T dO``, ``dP^T = V dO^T``,
+``dS^T = P^T (dP^T - delta) * scale``, ``dK += dS^T Q``
 with async wgmma, and (``DQ_ATOMIC``) add ``dQ = dS K`` to an fp32 buffer: with two consumer
 partitions (FA3's way) both partitions' ``dS^T`` meet in shared memory, each computes half of dQ's
 columns over the whole key tile and adds it by one TMA reduce-add; with one, by per-element atomics.
@@ -77,10 +80,11 @@ def _zero_padding(
 
 
 @gluon.jit
-def _barriers(NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+def _barriers(NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, READY_ARRIVALS: gl.constexpr):
     """The pipeline's mbarriers, initialised and fenced: ``(tile_ready, tile_empty, ready, empty)``
     for the tile loaded once per outer step and for the ``NUM_STAGES`` ring; the empty ones count
-    one arrival per consumer partition."""
+    one arrival per consumer partition, the ring's ready ones ``READY_ARRIVALS`` (the copies' and,
+    in the dK/dV kernel, the row statistics')."""
     tile_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     tile_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -88,7 +92,7 @@ def _barriers(NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
     mbarrier.init(tile_ready, count=1)
     mbarrier.init(tile_empty, count=NUM_CONSUMERS)
     for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=READY_ARRIVALS)
         mbarrier.init(empty.index(i), count=NUM_CONSUMERS)
     fence_async_shared()
     return tile_ready, tile_empty, ready, empty
@@ -134,14 +138,19 @@ def _preprocess_kernel(
 
 @gluon.jit
 def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
-    """TMA loads: K and V of each key tile, then Q and dO of every visible query tile of each head.
+    """TMA loads: K and V of each key tile, then Q and dO of every visible query tile of each head,
+    and beside each Q tile its rows' ``lse`` (log2 domain, ``+inf`` where no key was seen or past
+    the sequence: P = 0 there) and ``delta`` into the stage's ``stats`` (the second arrival on
+    ``ready``), so the consumers keep no registers of them while their products issue.
 
     One descriptor per tensor over this sequence's ``[length, heads * D]`` rows (heads adjacent in
     a row); a head is a column offset, so no descriptor is rebuilt while copies are in flight."""
     (
         q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
         d_lo, d_hi, kv_head, first, step, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty,
+        lse_ptr, delta_ptr, stride_lse_h, q_start, lse_smem, delta_smem,
     ) = args  # fmt: skip
+    stat_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     NUM_STAGES: gl.constexpr = q_smem.shape[0]
@@ -171,6 +180,12 @@ def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT:
                 mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
                 tma_load(q_desc, [m0, col], bar, q_smem.index(stage))
                 tma_load(do_desc, [m0, col], bar, do_smem.index(stage))
+                rows = m0 + gl.arange(0, BLOCK_M, layout=stat_layout)
+                at = (kv_head * GROUP + g) * stride_lse_h + q_start + rows
+                lse = gl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
+                lse_smem.index(stage).store(gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E)
+                delta_smem.index(stage).store(gl.load(delta_ptr + at, mask=rows < seqlen_q, other=0.0))
+                mbarrier.arrive(bar)  # the statistics are in place (the copies arrive by their bytes)
                 it += 1
         j += 1  # noqa: SIM113 -- no enumerate in a kernel
 
@@ -194,9 +209,9 @@ def _dkdv_consumer(
     with one TMA reduce-add from ``dq_smem`` (rows past the sequence are dropped by the descriptor).
     Tile shapes come from the shared-memory buffers, the warps from this partition."""
     (
-        lse_ptr, delta_ptr, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh,
-        stride_lse_h, q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem,
-        v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
+        seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem, v_smem, q_smem, do_smem, ds_smem,
+        dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
     ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
@@ -222,6 +237,7 @@ def _dkdv_consumer(
         version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, HEAD_DIM // 2, 16]
     )
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    stat_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # a value per query (a column of S^T)
     dq_add_layout: gl.constexpr = gl.BlockedLayout(
         [1, 4], [128 // HEAD_DIM, HEAD_DIM // 4], [NUM_WARPS, 1], [1, 0]
     )
@@ -251,17 +267,9 @@ def _dkdv_consumer(
         mbarrier.wait(kv_ready, j & 1)
         for g in range(GROUP):
             head = kv_head * GROUP + g
-            lse_base = lse_ptr + head * stride_lse_h + q_start
-            delta_base = delta_ptr + head * stride_lse_h + q_start
             dq_base = dq_ptr + q_start.to(gl.int64) * stride_dqt + head * stride_dqh
             for m0 in range(a, end, BLOCK_M):
                 stage = it % NUM_STAGES
-                rows_1d = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-                lse = gl.load(lse_base + rows_1d, mask=rows_1d < seqlen_q, other=float("inf"))
-                lse = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E  # no key seen: P = 0
-                delta = gl.load(delta_base + rows_1d, mask=rows_1d < seqlen_q, other=0.0)
-                # dP^T - delta, the row term folded into the accumulator (no delta registers live)
-                minus_delta = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout) - gl.expand_dims(delta, 0)
                 mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
                 q_tile = q_smem.index(stage)
                 do_tile = do_smem.index(stage)
@@ -272,16 +280,25 @@ def _dkdv_consumer(
                     use_acc=False,
                     is_async=True,
                 )
-                dp_tok = warpgroup_mma(v_rows, do_tile.permute((1, 0)), minus_delta, is_async=True)
+                dp_tok = warpgroup_mma(
+                    v_rows,
+                    do_tile.permute((1, 0)),
+                    gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout),
+                    use_acc=False,
+                    is_async=True,
+                )
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
+                lse = lse_smem.index(stage).load(stat_layout)
                 p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 0))
                 if (m0 < b_) | (m0 >= c):
+                    rows_1d = m0 + gl.arange(0, BLOCK_M, layout=stat_layout)
                     rows = gl.expand_dims(rows_1d, 0)
                     p = gl.where(visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
                 p_op = gl.convert_layout(p.to(dtype), a_layout)
                 dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
                 dp = warpgroup_mma_wait(1, deps=(dp_tok,))
-                ds = (p * dp * sm_scale).to(dtype)
+                delta = delta_smem.index(stage).load(stat_layout)
+                ds = (p * (dp - gl.expand_dims(delta, 0)) * sm_scale).to(dtype)
                 if DQ_ATOMIC:  # dS^T in shared memory (double-buffered): the A operand of dQ = dS K
                     ds_tile = ds_smem.index(it % 2)
                     if NUM_CONSUMERS == 2:
@@ -384,7 +401,13 @@ def _dkdv_kernel(
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
     # dS^T of the tile, double-buffered: the A operand of dQ = dS K (unused without DQ_ATOMIC)
     ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], smem) if DQ_ATOMIC else k_smem
-    kv_ready, kv_empty, ready, empty = _barriers(NUM_STAGES=NUM_STAGES, NUM_CONSUMERS=NUM_CONSUMERS)
+    kv_ready, kv_empty, ready, empty = _barriers(
+        NUM_STAGES=NUM_STAGES, NUM_CONSUMERS=NUM_CONSUMERS, READY_ARRIVALS=2
+    )
+    # each stage's query rows' lse and delta (written by the producer warp, read by the consumers)
+    stat_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], stat_smem)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], stat_smem)
     if DQ_ATOMIC and NUM_CONSUMERS == 2:  # each partition's dQ columns, the source of its TMA reduce-add
         DQ_COLS: gl.constexpr = HEAD_DIM // 2
         dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS], gl.float32)
@@ -401,15 +424,16 @@ def _dkdv_kernel(
     first = gl.program_id(0)
     step = gl.num_programs(0)
     consumer = (
-        lse_ptr, delta_ptr, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh,
-        stride_lse_h, q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem,
-        v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
+        seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem, v_smem, q_smem, do_smem, ds_smem,
+        dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
     )  # fmt: skip
     producer = (
         q_ptr + q_start.to(gl.int64) * stride_qt, do_ptr + q_start.to(gl.int64) * stride_dot,
         k_ptr + k_start.to(gl.int64) * stride_kt, v_ptr + k_start.to(gl.int64) * stride_vt, stride_qt,
         stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, first, step, k_smem,
-        v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty,
+        v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty, lse_ptr, delta_ptr, stride_lse_h, q_start,
+        lse_smem, delta_smem,
     )  # fmt: skip
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
@@ -589,7 +613,9 @@ def _dq_kernel(
     do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem)
     k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD_DIM], smem)
-    q_ready, q_empty, ready, empty = _barriers(NUM_STAGES=NUM_STAGES, NUM_CONSUMERS=NUM_CONSUMERS)
+    q_ready, q_empty, ready, empty = _barriers(
+        NUM_STAGES=NUM_STAGES, NUM_CONSUMERS=NUM_CONSUMERS, READY_ARRIVALS=1
+    )
     q_base = q_ptr + q_start.to(gl.int64) * stride_qt + head * stride_qh
     do_base = do_ptr + q_start.to(gl.int64) * stride_dot + head * stride_doh
     k_base = k_ptr + k_start.to(gl.int64) * stride_kt + kv_head * stride_kh
