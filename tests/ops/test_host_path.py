@@ -4,7 +4,8 @@ cached fast paths rejecting what the full checks reject (CPU, torch reference)."
 
 from __future__ import annotations
 
-from dataclasses import replace
+import inspect
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -139,3 +140,19 @@ def test_every_plan_key_component_makes_its_own_plan(monkeypatch: pytest.MonkeyP
             assert seen[-1] == launch.forward_args(call, out, lse), name
     finally:
         launch.clear_plans()
+
+
+def test_layout_init_takes_the_fields_in_order() -> None:
+    """``VarlenLayout``'s own ``__init__`` (one dict update) takes every field, positionally in field
+    order (``schema.unflatten`` relies on it) and by name, with the fields' defaults."""
+    names = [f.name for f in fields(VarlenLayout)]
+    assert list(inspect.signature(VarlenLayout.__init__).parameters)[1:] == names
+    values = [object() for _ in names]
+    layout = VarlenLayout(*values)  # type: ignore[arg-type]
+    assert [getattr(layout, name) for name in names] == values
+    assert VarlenLayout(**dict(zip(names, values, strict=True))) == layout  # type: ignore[arg-type]
+    short = VarlenLayout(values[0], values[1])  # type: ignore[arg-type]
+    assert all(getattr(short, f.name) == f.default for f in fields(VarlenLayout)[2:])
+    with pytest.raises(AttributeError):
+        layout.max_seqlen_q = 3  # type: ignore[misc]
+    assert replace(layout, max_seqlen_q=3).max_seqlen_q == 3
