@@ -4,8 +4,9 @@ bf16, 16 heads, causal, packed documents of uniform random length in [512, 8192]
 tokens, head dims 128 and 64. One tl forward gives ``out`` / ``lse``; each backward (:data:`PROVIDERS`:
 ``thd.ops.attention.launch.backward``, and ``thd.ops.attention.gluon.backward.backward`` with its
 defaults, with split dQ, with fp32 atomic dQ (two partitions: a TMA reduce-add per tile), and
-with one consumer partition, split or atomic dQ) is then called back to back
-between one pair of CUDA events; each record also holds its relative difference to the tl gradients.
+with one consumer partition, split or atomic dQ, and split dQ with a three-stage dK/dV ring) is
+then called back to back between one pair of CUDA events; each record also holds its relative
+difference to the tl gradients.
 TFLOP/s count the backward as 2.5x the causal forward on real tokens.
 
     python benchmarks/bench_gluon_bwd.py --out benchmarks/results/gluon-bwd.json
@@ -18,6 +19,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -59,6 +61,13 @@ PROVIDERS: dict[str, tuple[bool | None, dict] | None] = {
     "gluon-atomic-dq": (True, dict(gluon_backward.TILES)),
     "gluon-1-consumer": (False, dict(gluon_backward.ONE_CONSUMER_TILES)),
     "gluon-atomic-dq-1-consumer": (True, dict(gluon_backward.ONE_CONSUMER_TILES)),
+    "gluon-split-dq-3-stages": (
+        False,
+        {
+            key: replace(tile, num_stages=3) if key[0] == "dkdv" else tile
+            for key, tile in gluon_backward.TILES.items()
+        },
+    ),
 }
 
 
