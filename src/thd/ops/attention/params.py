@@ -40,16 +40,11 @@ class VarlenLayout:
     positions_kv: Tensor | None = None
 
     def __init__(
-        self,
-        cu_seqlens_q: Tensor,
-        cu_seqlens_kv: Tensor,
-        cu_seqlens_q_padded: Tensor | None = None,
-        cu_seqlens_kv_padded: Tensor | None = None,
-        max_seqlen_q: int | None = None,
-        max_seqlen_kv: int | None = None,
-        positions_q: Tensor | None = None,
+        self, cu_seqlens_q: Tensor, cu_seqlens_kv: Tensor, cu_seqlens_q_padded: Tensor | None = None,
+        cu_seqlens_kv_padded: Tensor | None = None, max_seqlen_q: int | None = None,
+        max_seqlen_kv: int | None = None, positions_q: Tensor | None = None,
         positions_kv: Tensor | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         """The fields in their order, set by one dict update (the generated frozen ``__init__``
         makes one ``object.__setattr__`` call per field: a layout is made on every call)."""
         self.__dict__.update(
