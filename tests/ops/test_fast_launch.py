@@ -374,22 +374,6 @@ def test_run_fixed_launches_what_triton_launches(fake_gpu: FakeGPU) -> None:
     assert launcher.fallbacks == 0 and launcher.fast_launches > 400 and len(fixed) < 200
 
 
-def test_run_fixed_keys_a_repeated_tail_tensor(fake_gpu: FakeGPU) -> None:
-    """A tail holding one tensor twice (as a plan's offsets fill several layout slots) is keyed by
-    that tensor: moved in place to another alignment, the launch still matches Triton's."""
-    launcher = KernelLauncher(fake_gpu.fn)
-    x, y = _tensor(torch.float16, 0), _tensor(torch.float16, 0)
-    token, tail, kw = object(), (y, y, 64, 2, 1.0, False), {"BLOCK": 32, "SHIFT": 0, "num_warps": 4}
-    for offset in (0, 0, 3, 3, 8, 1):
-        y.set_(_tensor(torch.float16, offset))
-        kernel, call = fake_gpu.normal((1,), x, *tail, **kw)
-        assert launcher.run_fixed(token, (1,), (x,), tail, kw) is kernel
-        fast_kernel, fast_call = fake_gpu.launches[-1]
-        assert fast_kernel is kernel and _same(_launched_args(fast_call), _launched_args(call))
-    assert len({k.key for k, _ in fake_gpu.launches}) == 2  # aligned and misaligned y: two kernels
-    assert launcher.fallbacks == 0 and launcher.fast_launches >= 3
-
-
 def test_run_fixed_takes_the_normal_path_when_run_would(
     fake_gpu: FakeGPU, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -419,9 +419,7 @@ def plan_counts() -> tuple[int, int]:
     return len(_FORWARD_PLANS), len(_BACKWARD_PLANS)
 
 
-def _inputs_key(layout: VarlenLayout, options: AttentionOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple:
-    """The part of a plan's key both phases share, flat: the ids of the layout's tensors and of the
-    options, the bounds, the offsets' length and the inputs' shapes and strides."""
+def _layout_key(layout: VarlenLayout) -> tuple:
     return (
         id(layout.cu_seqlens_q),
         id(layout.cu_seqlens_kv),
@@ -432,14 +430,12 @@ def _inputs_key(layout: VarlenLayout, options: AttentionOptions, q: Tensor, k: T
         layout.max_seqlen_q,
         layout.max_seqlen_kv,
         layout.cu_seqlens_q.shape[0],
-        id(options),
-        q.shape,
-        q.stride(),
-        k.shape,
-        k.stride(),
-        v.shape,
-        v.stride(),
     )
+
+
+def _inputs_key(layout: VarlenLayout, options: AttentionOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+    """The part of a plan's key both phases share: the layout, the options and the inputs' geometry."""
+    return (_layout_key(layout), id(options), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride())
 
 
 def _remember(plans: dict, key: tuple, plan: object) -> None:
@@ -451,7 +447,8 @@ def _remember(plans: dict, key: tuple, plan: object) -> None:
 def _forward_plan(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple[_Launch, bool]:
     """The forward's launch, and whether it was cached (else made now)."""
     q, k, v, layout, options, sinks, accumulate = call
-    key = _inputs_key(layout, options, q, k, v) + (
+    key = (
+        *_inputs_key(layout, options, q, k, v),
         out.stride(),
         lse.stride(),
         q.dtype,
@@ -510,7 +507,8 @@ def _backward_plan(
     q, k, v, do, lse, delta = inputs
     out, sinks = call.saved.out, call.saved.sinks
     layout, options, accumulate = call.layout, call.options, call.accumulate
-    key = _inputs_key(layout, options, q, k, v) + (
+    key = (
+        *_inputs_key(layout, options, q, k, v),
         do.stride(),
         out.shape,
         out.stride(),

@@ -18,7 +18,7 @@ from torch import Tensor
 __all__ = ["AttentionOptions", "BackwardCall", "ForwardCall", "SavedForBackward", "VarlenLayout"]
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class VarlenLayout:
     """Packed sequences of a THD batch, for queries and for keys/values.
 
@@ -38,25 +38,6 @@ class VarlenLayout:
     max_seqlen_kv: int | None = None
     positions_q: Tensor | None = None
     positions_kv: Tensor | None = None
-
-    def __init__(
-        self, cu_seqlens_q: Tensor, cu_seqlens_kv: Tensor, cu_seqlens_q_padded: Tensor | None = None,
-        cu_seqlens_kv_padded: Tensor | None = None, max_seqlen_q: int | None = None,
-        max_seqlen_kv: int | None = None, positions_q: Tensor | None = None,
-        positions_kv: Tensor | None = None,
-    ) -> None:  # fmt: skip
-        """The fields in their order, set by one dict update (the generated frozen ``__init__``
-        makes one ``object.__setattr__`` call per field: a layout is made on every call)."""
-        self.__dict__.update(
-            cu_seqlens_q=cu_seqlens_q,
-            cu_seqlens_kv=cu_seqlens_kv,
-            cu_seqlens_q_padded=cu_seqlens_q_padded,
-            cu_seqlens_kv_padded=cu_seqlens_kv_padded,
-            max_seqlen_q=max_seqlen_q,
-            max_seqlen_kv=max_seqlen_kv,
-            positions_q=positions_q,
-            positions_kv=positions_kv,
-        )
 
     @property
     def num_seqs(self) -> int:

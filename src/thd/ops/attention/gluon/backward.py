@@ -77,10 +77,11 @@ ONE_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
 }
 # The default: two 4-warp partitions (FA3's two consumer warpgroups). On the H200 (bf16, 16 heads,
 # causal 32k of 512-8192, gluon-bwd-structures-6c44123.json) they took 5.24 / 3.43 ms against the
-# one-partition tiles' 5.60 / 3.99 ms at head dim 128 / 64 (tl: 6.20 / 3.45). dK/dV at head dim 128
-# spills 336 bytes on Triton 3.6 and is still the faster. ``THD_GLUON_BWD_CONSUMERS=1`` (read at
-# import) selects the one-partition tiles. With the atomic dQ, two partitions add each dQ tile by a
-# TMA reduce-add (FA3's), one partition (or a dq buffer TMA cannot address) by per-element atomics.
+# one-partition tiles' 5.60 / 3.99 ms at head dim 128 / 64 (tl: 6.20 / 3.45). A three-stage dK/dV
+# ring measured no faster (4.97 vs 4.97 ms split dQ, gluon-bwd-stats-smem-df281ed.json).
+# ``THD_GLUON_BWD_CONSUMERS=1`` (read at import) selects the one-partition tiles. With the atomic
+# dQ, two partitions add each dQ tile by a TMA reduce-add (FA3's), one partition (or a dq buffer
+# TMA cannot address) by per-element atomics.
 TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
     ("dkdv", 64): GluonTile(block_m=64, block_n=128, consumers=2),
     ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2),
@@ -90,11 +91,13 @@ TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
 TILES = dict(TWO_CONSUMER_TILES if _SETTINGS.gluon_bwd_consumers == 2 else ONE_CONSUMER_TILES)
 # How the non-deterministic backward adds dQ: False its own kernel (as the deterministic backward
 # does), True fp32 from the dK/dV kernel (a TMA reduce-add per tile with two partitions); None: per
-# head dim, ATOMIC_DQ_BY_HEAD_DIM. Measured on the H200 (gluon-bwd-atomic-5263879.json, two
-# partitions): 5.07 ms split against 5.14 ms atomic at head dim 128 (where the atomic kernel spills
-# 680 bytes), 3.48 against 3.07 ms at 64. ``THD_GLUON_DQ_ATOMIC=0|1`` (read at import) fixes it.
+# head dim, ATOMIC_DQ_BY_HEAD_DIM. Measured on the H200 in one run (bf16, 16 heads, causal 32k of
+# 512-8192, gluon-bwd-stats-smem-df281ed.json, two partitions, lse and delta in shared memory):
+# 4.50 ms atomic against 4.97 ms split at head dim 128, 2.93 against 3.29 ms at 64 (the kernels
+# before df281ed, same machine, gluon-bwd-base-204b268.json: 5.20 / 5.05 and 3.02 / 3.43 ms).
+# ``THD_GLUON_DQ_ATOMIC=0|1`` (read at import) fixes it.
 ATOMIC_DQ: bool | None = _SETTINGS.gluon_dq_atomic
-ATOMIC_DQ_BY_HEAD_DIM = {64: True, 128: False}
+ATOMIC_DQ_BY_HEAD_DIM = {64: True, 128: True}
 _PREPROCESS_ROWS = 64
 
 

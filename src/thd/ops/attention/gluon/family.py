@@ -6,15 +6,16 @@ their ``supports_*`` are :mod:`~thd.ops.attention.gluon.forward`'s and
 ``supports_*`` say whether the family can run a call (``THD_KERNELS=gluon`` runs it then);
 ``auto_*`` whether ``THD_KERNELS=auto`` should prefer it over ``tl`` for a supported call, from
 what was measured on the H200 in the same runs as tl (benchmarks/results/gluon-fwd-*.json,
-gluon-bwd-atomic-5263879.json): the Gluon forward (K and V released apart, since 2d97471) ran at 1.05-1.16x
+gluon-bwd-*.json): the Gluon forward (K and V released apart, since 2d97471) ran at 1.05-1.16x
 tl's TFLOP/s at head dim 128 on documents of up to 4096 and 8192 tokens, but 0.85-0.90x on documents
 of 64-1024 tokens and 0.93-1.05x at head dim 64, so ``auto`` takes it at head dim 128 when the call
 states ``max_seqlen_q`` above 1024 (a host value: nothing is read from the device to decide); the
-Gluon backward (two consumer partitions; at head dim 64 dQ by TMA reduce-add) took 0.82x tl's time
-at head dim 128 and 0.89x at 64 on 512-8192-token documents (gluon-bwd-atomic-5263879.json) and about
-0.9x on 256-4096, but 1.16x at 128 and 2.1x at 64 on 64-1024-token documents (attention-45baae4.json,
-backward time derived from the forward and forward+backward records), so ``auto`` takes it at both
-head dims under the forward's rule on the stated ``max_seqlen_q``.
+Gluon backward (two consumer partitions, dQ by TMA reduce-add) took 0.72x tl's time at head dim
+128 and 0.85x at 64 on 512-8192-token documents (gluon-bwd-stats-smem-df281ed.json; 0.82x / 0.89x
+before, gluon-bwd-atomic-5263879.json) and about 0.9x on 256-4096 (before), but 1.16x at 128 and
+2.1x at 64 on 64-1024-token documents (attention-45baae4.json, backward time derived from the
+forward and forward+backward records, before that change), so ``auto`` takes it at both head dims
+under the forward's rule on the stated ``max_seqlen_q``.
 """
 
 from __future__ import annotations
