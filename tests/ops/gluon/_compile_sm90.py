@@ -4,7 +4,8 @@
 with the Triton to check (3.6 or 3.9) and ``TRITON_INTERPRET`` unset. Needs no torch: the ``thd``
 packages above ``thd.ops.attention.gluon`` are stood in for, so their torch imports never run. Prints
 one JSON line per configuration (PTX marker counts, shared memory, warps, ``setmaxnreg`` values; with
-``--ptxas`` registers and spills from the bundled ptxas) and exits 1 on the first failure.
+``--ptxas`` registers, spills and the waits ptxas injected, from the bundled ptxas) and exits 1 on
+the first failure.
 :func:`compile_in_subprocess` runs it as the tests do: another interpreter, a fresh Triton cache.
 """
 
@@ -195,7 +196,10 @@ def _ptxas_stats(ptx: str) -> dict[str, int]:
     spills = [
         int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     ]
-    return {"registers": max(regs, default=-1), "spill_bytes": sum(spills)}
+    # C7517: "warpgroup.wait is injected ... to allow use of registers defined by GMMA" (a wait the
+    # kernel did not ask for, which serialises its async products)
+    injected = len(re.findall(r"C7517", text))
+    return {"registers": max(regs, default=-1), "spill_bytes": sum(spills), "injected_waits": injected}
 
 
 def compile_config(name: str, ptxas: bool = False) -> dict[str, object]:
