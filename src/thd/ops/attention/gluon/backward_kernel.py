@@ -242,6 +242,7 @@ def _dkdv_consumer(
         [1, 4], [128 // HEAD_DIM, HEAD_DIM // 4], [NUM_WARPS, 1], [1, 0]
     )
     qk_scale = sm_scale * LOG2E
+    zero_st = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout)  # S^T and dP^T start from nothing
     if DQ_ATOMIC:
         if NUM_CONSUMERS == 2:  # dQ rows of this sequence, heads adjacent in a row, fp32
             dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
@@ -273,20 +274,8 @@ def _dkdv_consumer(
                 mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
                 q_tile = q_smem.index(stage)
                 do_tile = do_smem.index(stage)
-                s_tok = warpgroup_mma(
-                    k_rows,
-                    q_tile.permute((1, 0)),
-                    gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout),
-                    use_acc=False,
-                    is_async=True,
-                )
-                dp_tok = warpgroup_mma(
-                    v_rows,
-                    do_tile.permute((1, 0)),
-                    gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout),
-                    use_acc=False,
-                    is_async=True,
-                )
+                s_tok = warpgroup_mma(k_rows, q_tile.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+                dp_tok = warpgroup_mma(v_rows, do_tile.permute((1, 0)), zero_st, use_acc=False, is_async=True)
                 s = warpgroup_mma_wait(1, deps=(s_tok,))
                 lse = lse_smem.index(stage).load(stat_layout)
                 p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 0))
