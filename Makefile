@@ -12,7 +12,7 @@ OUTDIR      ?= dist
 DEV_OUTDIR  ?= dist-dev
 SHORT_SHA   := $(shell git rev-parse --short HEAD 2>/dev/null)
 
-.PHONY: help setup setup-release test test-gpu memcheck test-dist wheel release verify bench bench-cpu lint fmt clean
+.PHONY: help setup setup-release test test-gpu test-gpu-gluon memcheck test-dist wheel release verify bench bench-cpu lint fmt clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -47,7 +47,10 @@ test: setup ## all CPU tests (Triton interpreter, gloo; Gluon compiled for sm_90
 test-gpu: ## GPU tests on a CUDA machine (machine's python3; FA4 oracle if on PYTHONPATH); then attention with THD_AUTOTUNE=1
 	THD_AUTOTUNE=0 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider --ignore=tests/release -k "not autotuned" $(PYTEST_ARGS) tests; default_tiles=$$?; \
 	THD_AUTOTUNE=1 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider -k "autotuned or benchmark_shapes" $(PYTEST_ARGS) tests/ops/test_attention_gpu.py; autotuned=$$?; \
-	test $$default_tiles -eq 0 && test $$autotuned -eq 0
+	$(MAKE) --no-print-directory test-gpu-gluon; gluon=$$?; \
+	test $$default_tiles -eq 0 && test $$autotuned -eq 0 && test $$gluon -eq 0
+test-gpu-gluon: ## the attention, ring and integration GPU tests again with THD_KERNELS=prefer-gluon (Gluon wherever it runs the call)
+	THD_KERNELS=prefer-gluon THD_AUTOTUNE=0 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider -k "not autotuned" $(PYTEST_ARGS) tests/ops tests/cp tests/integrations
 
 wheel: setup-release ## dev wheel of the default flavor (+g<sha> local label), verified, in dist-dev/
 	$(PY) -m release wheel --outdir $(DEV_OUTDIR) $(if $(SHORT_SHA),--local g$(SHORT_SHA))

@@ -163,7 +163,30 @@ def test_forced_family_runs_or_raises(registry: FamilyRegistry, monkeypatch: pyt
     ):
         _run(backward=False)
     monkeypatch.setenv("THD_KERNELS", "cuda-graphs")
-    with pytest.raises(ThdValueError, match=r"THD_KERNELS='cuda-graphs': expected one of auto, tl, gluon"):
+    expected = r"THD_KERNELS='cuda-graphs': expected one of auto, tl, gluon, prefer-gluon"
+    with pytest.raises(ThdValueError, match=expected):
+        _run(backward=False)
+
+
+@pytest.mark.parametrize("prefers", [False, None])
+def test_prefer_gluon_runs_gluon_wherever_it_supports_the_phase(
+    registry: FamilyRegistry, monkeypatch: pytest.MonkeyPatch, prefers: bool | None
+) -> None:
+    gluon, tl = FakeFamily(backward_ok=False, prefers=prefers), registry._loaded["tl"]
+    registry.register("gluon", gluon)
+    monkeypatch.setattr(registry.optional["gluon"], "auto", lambda x: False)  # no device or speed rule
+    monkeypatch.setenv("THD_KERNELS", "prefer-gluon")
+    torch.testing.assert_close(_run(), _oracle())
+    assert gluon.calls == ["forward"] and tl.calls == ["backward"]
+    forward, backward = kernel_choice("forward"), kernel_choice("backward")
+    assert forward is not None and (forward.family, forward.reason) == ("gluon", "THD_KERNELS=prefer-gluon")
+    assert backward is not None
+    assert (backward.family, backward.reason) == ("tl", "gluon does not support the call")
+
+
+def test_prefer_an_unknown_family_raises(registry: FamilyRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THD_KERNELS", "prefer-tl")  # tl is the default, not an optional family
+    with pytest.raises(ThdValueError, match=r"THD_KERNELS='prefer-tl': expected one of .*prefer-gluon"):
         _run(backward=False)
 
 

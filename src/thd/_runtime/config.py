@@ -26,7 +26,9 @@ variable                  read        meaning
                                       ``device``: device-side assertions on CUDA).
 ``THD_ATTENTION_BACKEND`` per call    ``reference`` | ``triton``: force the torch reference or the
                                       kernels (default: kernels where Triton runs).
-``THD_KERNELS``           per call    ``auto`` (default) | ``tl`` | ``gluon``: the kernel family.
+``THD_KERNELS``           per call    ``auto`` (default) | ``tl`` | ``gluon``: the kernel family;
+                                      ``prefer-gluon``: Gluon wherever it supports the call, else
+                                      ``tl`` (no speed rule; the GPU tests run the suite so).
 ``THD_CP_SIDE_STREAM``    per call    ``0``: the ring's NCCL/gloo exchange runs on the current stream.
 ========================  ==========  ===============================================================
 
@@ -54,7 +56,7 @@ __all__ = [
     "validation_default",
 ]
 
-KERNEL_FAMILIES = ("auto", "tl", "gluon")
+KERNEL_FAMILIES = ("auto", "tl", "gluon", "prefer-gluon")
 
 
 def env_int(name: str, default: int, allowed: range) -> int:
@@ -145,8 +147,8 @@ def attention_backend() -> str:
 
 
 def kernel_family() -> str:
-    """``THD_KERNELS``: ``"auto"`` (unset or empty), ``"tl"`` or ``"gluon"``; anything else is a
-    :class:`ThdValueError` naming the allowed values."""
+    """``THD_KERNELS``: ``"auto"`` (unset or empty), ``"tl"``, ``"gluon"`` or ``"prefer-gluon"``;
+    anything else is a :class:`ThdValueError` naming the allowed values."""
     raw = os.environ.get("THD_KERNELS")
     if not raw:
         return "auto"

@@ -13,7 +13,9 @@ Choice, per call (settings from :mod:`thd._runtime.config`):
 2. ``THD_KERNELS=<name>``: that family. If it is unavailable or its ``supports_*`` says no, the call
    raises :class:`~thd.errors.ThdValueError` with the reason: a forced family never silently
    becomes another one (a benchmark or a test that asked for it would measure the wrong kernels).
-3. ``THD_KERNELS=auto`` (default): the first optional family whose ``auto`` predicate holds for the
+3. ``THD_KERNELS=prefer-<name>``: that family wherever it is available and supports the call,
+   else the default family (no speed rule: every call a family can run runs on it).
+4. ``THD_KERNELS=auto`` (default): the first optional family whose ``auto`` predicate holds for the
    call (e.g. an sm_90 device), that is available, supports the call and prefers it (its optional
    ``auto_forward(call)`` / ``auto_backward(call)``: where it measured faster); else the default family.
 
@@ -117,6 +119,8 @@ class FamilyRegistry:
         requested = config.kernel_family()
         if requested == "auto":
             return self._auto(phase, x, call)
+        if requested.startswith(PREFER):
+            return self._preferred(phase, requested.removeprefix(PREFER), call)
         if requested != self.default_name and requested not in self.optional:
             raise ThdValueError(f"{self.op}: THD_KERNELS={requested}: this op has no such kernel family")
         family = self.family(requested)
@@ -135,6 +139,18 @@ class FamilyRegistry:
             choice = _FORCED[requested] = Choice(requested, "THD_KERNELS")
         self._last[phase] = choice
         return family
+
+    def _preferred(self, phase: str, name: str, call: tuple) -> Any:
+        """Rule 3: family ``name`` if it is available and supports ``call``, else the default."""
+        if name not in self.optional:
+            raise ThdValueError(f"{self.op}: THD_KERNELS={PREFER}{name}: this op has no such kernel family")
+        family = self.family(name)
+        if family is not None and getattr(family, f"supports_{phase}")(call):
+            self._last[phase] = Choice(name, f"THD_KERNELS={PREFER}{name}")
+            return family
+        reason = f"{name} unavailable" if family is None else f"{name} does not support the call"
+        self._last[phase] = Choice(self.default_name, reason)
+        return self._loaded.get(self.default_name) or self.family(self.default_name)
 
     def _auto(self, phase: str, x: Tensor, call: tuple) -> Any:
         reason = "default"
@@ -164,6 +180,8 @@ class FamilyRegistry:
         return self._last.get(phase)
 
 
+PREFER = "prefer-"
+"""Prefix of ``THD_KERNELS`` values that prefer an optional family (rule 3)."""
 _FORCED: dict[str, Choice] = {}  # the choice of each forced family, made once (Choice is immutable)
 _REFERENCE_CHOICE = {
     True: Choice("reference", "THD_ATTENTION_BACKEND=reference"),
