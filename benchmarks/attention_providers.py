@@ -54,7 +54,12 @@ __all__ = [
 
 Attn = Callable[[Tensor, Tensor, Tensor], Tensor]
 
-MIXES: dict[str, tuple[int, int]] = {"64-1024": (64, 1024), "256-4096": (256, 4096), "512-8192": (512, 8192)}
+MIXES: dict[str, tuple[int, int]] = {
+    "64-1024": (64, 1024),
+    "256-4096": (256, 4096),
+    "512-8192": (512, 8192),
+    "25000-40000": (25000, 40000),  # with 65536 tokens: two or three long documents
+}
 ONE_DOCUMENT = "one-document"  # the "mix" of a variant run on a single document
 THD_FAMILIES = {"thd-tl": "tl", "thd-gluon": "gluon"}  # provider -> THD_KERNELS
 PEERS = ("fa4", "cudnn", "varlen_attn", "flex")
