@@ -11,17 +11,23 @@ causal, ``max_seqlen_*`` given) on CPU tensors, forced onto the ``tl`` kernel fa
   the GPU would record the compiled kernel. It needs a Triton the launcher reviewed (3.6 / 3.9).
 - ``stub``: ``KernelLauncher.run`` itself is a no-op (what is left is thd's work above the launcher).
 
-``--offsets fresh`` passes a new copy of the offsets each call (as a data loader does per batch):
-every call then misses the cached launch plans, which this measures.
+``--offsets fresh`` passes a new copy of the offsets each call (as a data loader does per batch).
+
+``--ring CP`` times ``thd.cp.ring_attention`` instead, as rank 0 of a ``CP``-rank ring run alone
+(``tests/cp/_thread_ring.py``'s one-rank ring, on this rank's ``1/CP`` of the rows, the offsets
+also as slots), its exchanges doing nothing, like the launches: the ring's own host work per call
+(its plan, per-step layouts and launches) beside the single-device call's.
 
 Modes: ``fwd`` (forward under ``no_grad``) and ``fwd_bwd`` (forward, then ``torch.autograd.grad``
 of q, k, v), as ``bench_host.py`` times them. Per mode: ``us_per_call``, the median over
 ``--rounds`` loops of ``--calls`` calls (``time.perf_counter``), and a cProfile breakdown of one
 more loop (functions by own time per call; profiling inflates small functions, so read it for the
-shares, the timing loops for the totals). Kernel launches per call are counted and printed.
+shares, the timing loops for the totals). Kernel launches per call are counted and printed, with
+the launch plans one warm call adds (forward, backward: the plans it missed).
 
     PYTHONPATH=src:. python benchmarks/profile_host.py                  # both modes, table + profile
     PYTHONPATH=src:. python benchmarks/profile_host.py --json /tmp/host-cpu.json --top 0
+    PYTHONPATH=src:benchmarks:. python benchmarks/profile_host.py --ring 2 --offsets fresh
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -106,17 +112,50 @@ def problem(heads: int, head_dim: int, docs: int, length: int, dtype: torch.dtyp
     return SimpleNamespace(q=q, k=k, v=v, do=do, cu=cu, max_len=length)
 
 
-def call_fn(p: SimpleNamespace, mode: str, fresh_offsets: bool) -> Callable[[], object]:
+def call_fn(p: SimpleNamespace, mode: str, fresh_offsets: bool, ring: int = 0) -> Callable[[], object]:
     """One eager call of ``mode`` as ``bench_host.py`` makes it (``fresh_offsets``: with a new copy
-    of the offsets each call, as a data loader gives every batch; cached plans then never hit)."""
+    of the offsets each call, as a data loader gives every batch). ``ring``: the ring's call on
+    rank 0's shard of a ring of that many ranks instead (run inside :func:`alone_in_ring`)."""
     import thd
+    import thd.cp
+
+    bounds = {"max_seqlen_q": p.max_len, "max_seqlen_kv": p.max_len}
 
     def attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Any:
-        bounds = {"max_seqlen_q": p.max_len, "max_seqlen_kv": p.max_len}
         cu = p.cu.clone() if fresh_offsets else p.cu
+        if ring:
+            return thd.cp.ring_attention(q, k, v, cu, cu, cu, cu, **bounds, causal=True)
         return thd.attention(q, k, v, cu, cu, **bounds, causal=True)
 
+    if ring:
+        rows = p.q.shape[0] // ring
+        p = SimpleNamespace(**{**vars(p), **{n: getattr(p, n)[:rows].clone() for n in ("q", "k", "v", "do")}})
     return timed_fn(attn, p, mode)  # type: ignore[arg-type]  # p: q, k, v, do as it needs
+
+
+@contextmanager
+def alone_in_ring(cp: int) -> Iterator[None]:
+    """``thd.cp.ring_attention`` runs as rank 0 of ``cp`` ranks in this thread, with no process
+    group, no validation reads and exchanges that move nothing (the launches are stubbed too)."""
+    import pytest
+
+    from tests.cp._thread_ring import SelfComm, one_rank_ring
+
+    class Idle(SelfComm):
+        def start(self, ops: list[tuple[bool, torch.Tensor, int]]) -> SelfComm:
+            return self
+
+    comm = Idle(cp, 0)
+    with pytest.MonkeyPatch.context() as patch:
+        one_rank_ring(patch, lambda: comm)
+        yield
+
+
+def plan_counts() -> tuple[int, int]:
+    """The ``tl`` family's cached forward and backward plans (a warm call that adds some missed)."""
+    from thd.ops.attention import launch
+
+    return launch.plan_counts()
 
 
 def time_loop(fn: Callable[[], object], calls: int) -> float:
@@ -152,14 +191,22 @@ def profile_rows(fn: Callable[[], object], calls: int, top: int) -> list[dict[st
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     p = problem(args.heads, args.head_dim, 2, 64, torch.bfloat16)
     results: dict[str, Any] = {}
-    with stubbed_launches(args.launcher):
-        fns = {mode: call_fn(p, mode, args.offsets == "fresh") for mode in args.modes}
+    with stubbed_launches(args.launcher), ExitStack() as stack:
+        if args.ring:
+            stack.enter_context(alone_in_ring(args.ring))
+        fns = {mode: call_fn(p, mode, args.offsets == "fresh", args.ring) for mode in args.modes}
         for mode, fn in fns.items():
             for _ in range(20):  # first calls: imports, caches, first launches
                 fn()
             LAUNCHES.clear()
+            plans = plan_counts()
             fn()
-            results[mode] = {"launches_per_call": dict(LAUNCHES), "rounds_us": []}
+            made = [after - before for before, after in zip(plans, plan_counts(), strict=True)]
+            results[mode] = {
+                "launches_per_call": dict(LAUNCHES),
+                "plans_made_per_call": made,
+                "rounds_us": [],
+            }
         for _ in range(args.rounds):  # the modes take turns
             for mode, fn in fns.items():
                 results[mode]["rounds_us"].append(time_loop(fn, args.calls))
@@ -182,6 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--offsets", default="same", choices=("same", "fresh"), help="fresh: new offset tensors each call"
     )
+    parser.add_argument(
+        "--ring",
+        type=int,
+        default=0,
+        metavar="CP",
+        help="time thd.cp.ring_attention as rank 0 of CP ranks, alone",
+    )
     parser.add_argument("--calls", type=int, default=400, help="calls per timed loop")
     parser.add_argument("--rounds", type=int, default=7, help="timed loops per mode (median)")
     parser.add_argument("--profile-calls", type=int, default=200, help="calls in the cProfile loop")
@@ -203,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds = " ".join(f"{t:.1f}" for t in r["rounds_us"])
         print(
             f"{mode:<8} {r['us_per_call']:8.1f} us/call (median; rounds {rounds}) "
-            f"launches {r['launches_per_call']} families {r['families']}"
+            f"launches {r['launches_per_call']} plans made {r['plans_made_per_call']} "
+            f"families {r['families']}"
         )
         for row in r.get("profile", []):
             print(

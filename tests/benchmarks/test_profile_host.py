@@ -34,3 +34,25 @@ def test_profile_host_counts_the_tl_launches(tmp_path: Path, monkeypatch: pytest
     for mode in ("fwd", "fwd_bwd"):
         assert len(results[mode]["rounds_us"]) == 2 and results[mode]["us_per_call"] > 0
         assert 1 <= len(results[mode]["profile"]) <= 5
+
+
+@pytest.mark.parametrize("ring", ["0", "2"])
+def test_profile_host_fresh_offsets_make_no_plans(
+    ring: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new offsets tensor each warm call, single-device or as one rank of a 2-rank ring (two
+    launches per phase), finds the cached launch plans."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT))  # the ring's stand-in comm: tests/cp/_thread_ring.py
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for name, value in (("THD_ATTENTION_BACKEND", "triton"), ("THD_KERNELS", "tl")):
+        monkeypatch.setenv(name, value)
+    import profile_host
+
+    out = tmp_path / "host.json"
+    argv = ["--launcher", "stub", "--calls", "3", "--rounds", "1", "--top", "0", "--offsets", "fresh"]
+    assert profile_host.main([*argv, "--ring", ring, "--heads", "2", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["fwd"]["launches_per_call"]["_attention_fwd_kernel"] == max(1, int(ring))
+    for mode in ("fwd", "fwd_bwd"):
+        assert results[mode]["plans_made_per_call"] == [0, 0], mode

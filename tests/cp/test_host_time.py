@@ -1,6 +1,6 @@
 """Host-time shortcuts of the ring (issue 12) keep its behaviour: the per-call environment read,
-the exchange records, the reused fork/join events, the membership cache and the forward without
-autograd when nothing needs a gradient."""
+the exchange records, the reused fork/join events, the membership cache, the forward without
+autograd when nothing needs a gradient and the launch plans its per-call layouts find (issue 22)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ import torch
 import torch.distributed as dist
 from _dist import spawn
 
+from tests.cp._thread_ring import SelfComm, one_rank_ring
+from thd._runtime import config
 from thd.cp import comm as comm_mod
 from thd.cp import partition, ring_attention
 from thd.cp import ring as ring_mod
 from thd.cp import transport as tp
 from thd.errors import ThdDistributedError, ThdValueError
+from thd.ops.attention import launch
 
 
 def test_transport_env_is_read_on_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,3 +128,42 @@ def _cumsum(xs: list[int]) -> list[int]:
 @pytest.mark.distributed
 def test_host_time_shortcuts_gloo() -> None:
     spawn(_worker, 2, timeout_s=120)
+
+
+@pytest.mark.skipif(not config.interpreting(), reason="the tl kernels on CPU need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("window", [(-1, -1), (3, 0)], ids=["plain", "windowed"])
+def test_ring_launches_reuse_cached_plans_across_calls(
+    monkeypatch: pytest.MonkeyPatch, window: tuple[int, int]
+) -> None:
+    """The ring makes new layout tensors (and options) on every call: its launches find the plans
+    the first call made (none is added), and a call served from the plans of other document
+    boundaries gives, bitwise, what it gives with plans of its own (rank 0 of 2, alone)."""
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "triton")
+    monkeypatch.setenv("THD_KERNELS", "tl")
+    comm = SelfComm(2, 0)
+    one_rank_ring(monkeypatch, lambda: comm)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(8, 2, 16, generator=gen) for _ in range(4))  # rank 0's half of 16 rows
+
+    def call(boundaries: list[int]) -> list[torch.Tensor]:
+        cu = torch.tensor(boundaries, dtype=torch.int32)  # a new tensor each call; slots of 4k rows
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        bounds = {"max_seqlen_q": 12, "max_seqlen_kv": 12, "window_size": window}
+        out = ring_attention(*leaves, cu, cu, cu, cu, causal=True, **bounds)
+        return [out, *torch.autograd.grad(out, leaves, do)]
+
+    try:
+        launch.clear_plans()
+        want = call([0, 4, 16])  # plans of its own
+        launch.clear_plans()
+        first = call([0, 12, 16])
+        counts = launch.plan_counts()
+        assert counts[0] > 0 and counts[1] > 0
+        assert all(torch.equal(a, b) for a, b in zip(first, call([0, 12, 16]), strict=True))
+        got = call([0, 4, 16])
+        assert launch.plan_counts() == counts
+    finally:
+        launch.clear_plans()
+    assert not torch.equal(first[0], got[0])
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+        assert torch.equal(a, b), name

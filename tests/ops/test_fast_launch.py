@@ -374,6 +374,22 @@ def test_run_fixed_launches_what_triton_launches(fake_gpu: FakeGPU) -> None:
     assert launcher.fallbacks == 0 and launcher.fast_launches > 400 and len(fixed) < 200
 
 
+def test_run_fixed_keys_a_repeated_tail_tensor(fake_gpu: FakeGPU) -> None:
+    """A tail holding one tensor twice (as a plan's offsets fill several layout slots) is keyed by
+    that tensor: moved in place to another alignment, the launch still matches Triton's."""
+    launcher = KernelLauncher(fake_gpu.fn)
+    x, y = _tensor(torch.float16, 0), _tensor(torch.float16, 0)
+    token, tail, kw = object(), (y, y, 64, 2, 1.0, False), {"BLOCK": 32, "SHIFT": 0, "num_warps": 4}
+    for offset in (0, 0, 3, 3, 8, 1):
+        y.set_(_tensor(torch.float16, offset))
+        kernel, call = fake_gpu.normal((1,), x, *tail, **kw)
+        assert launcher.run_fixed(token, (1,), (x,), tail, kw) is kernel
+        fast_kernel, fast_call = fake_gpu.launches[-1]
+        assert fast_kernel is kernel and _same(_launched_args(fast_call), _launched_args(call))
+    assert len({k.key for k, _ in fake_gpu.launches}) == 2  # aligned and misaligned y: two kernels
+    assert launcher.fallbacks == 0 and launcher.fast_launches >= 3
+
+
 def test_run_fixed_takes_the_normal_path_when_run_would(
     fake_gpu: FakeGPU, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -606,7 +622,9 @@ def test_attention_kernels_launch_through_the_fast_path(
     fake_gpu: FakeGPU, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """launch.py's launches (once it routes them through KernelLauncher) take the fast path with
-    the attention kernels' real signatures, every launch checked against Triton's binder/cache."""
+    the attention kernels' real signatures, every launch checked against Triton's binder/cache,
+    with new offsets tensors each call, 16-byte aligned or not (a plan serves both: the launcher
+    keys their alignment)."""
     from thd.ops.attention import launch
     from thd.ops.attention.params import (
         AttentionOptions,
@@ -630,11 +648,15 @@ def test_attention_kernels_launch_through_the_fast_path(
 
     launchers = {name: KernelLauncher(jit(launcher.fn)) for name, launcher in launch.LAUNCHERS.items()}
     monkeypatch.setattr(launch, "LAUNCHERS", launchers)
-    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
-    cup = torch.tensor([0, 8, 16], dtype=torch.int32)
+    launch.clear_plans()
+
+    def offsets(values: list[int], shift: int) -> torch.Tensor:  # 16-byte aligned without a shift
+        return torch.tensor([0] * shift + values, dtype=torch.int32)[shift:]
+
     for options in (AttentionOptions(0.125, causal=True), AttentionOptions(0.125, False, (4, -1), 2.0, True)):
-        layout = VarlenLayout(cu, cu, cup, cup, 7, 7)
-        for _ in range(3):
+        for shift in (0, 1, 0, 1, 0):
+            cu, cup = offsets([0, 5, 12], shift), offsets([0, 8, 16], shift)
+            layout = VarlenLayout(cu, cu, cup, cup, 7, 7)
             q, k, v = torch.randn(16, 4, 32), torch.randn(16, 2, 32), torch.randn(16, 2, 32)
             out, lse = launch.forward(ForwardCall(q, k, v, layout, options))
             saved = SavedForBackward(q, k, v, out, lse)
@@ -642,6 +664,9 @@ def test_attention_kernels_launch_through_the_fast_path(
     used = list(launchers.values())
     assert all(launcher.fallbacks == 0 for launcher in used), used
     assert all(launcher.fast_launches >= 2 for launcher in used if launcher.normal_launches), used
+    assert all(launcher.normal_launches >= 2 for launcher in used), used  # both alignments compiled
+    assert launch.plan_counts() == (2, 2)
+    launch.clear_plans()
 
 
 @pytest.mark.gpu

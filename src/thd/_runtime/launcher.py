@@ -52,7 +52,7 @@ import inspect
 import operator
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -125,22 +125,22 @@ class _Triton:
         self.run_options = tuple(added[1:])  # set after debug, in this order (str(options) is keyed)
         self.verify_all = verify_all
 
-    def hook_idle(self, hook: object) -> bool:
-        """None, or Triton's default: an empty hook chain (which the normal path calls for nothing)."""
-        chain = self.hook_chain
-        return hook is None or (chain is not None and type(hook) is chain and not hook.calls)  # type: ignore[attr-defined]
-
     def quiet(self) -> bool:
-        """No launch hook, profiler scratch allocator, instrumentation or stage inspection active."""
+        """No launch hook (None, or Triton's default: an empty hook chain, which the normal path calls
+        for nothing), profiler scratch allocator, instrumentation or stage inspection active. Every
+        fast launch asks: plain loops, no generator."""
         runtime, compilation = self.knobs.runtime, self.knobs.compilation
-        return (
-            self.hook_idle(runtime.launch_enter_hook)
-            and self.hook_idle(runtime.launch_exit_hook)
-            and getattr(runtime, "add_stages_inspection_hook", None) is None
-            and not compilation.instrumentation_mode
-            and not any(getattr(compilation, name) for name in self.run_options)
-            and isinstance(self.profile_allocator.get(), self.null_allocator)
-        )
+        chain = self.hook_chain
+        for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+            if hook is not None and (chain is None or type(hook) is not chain or hook.calls):
+                return False
+        inspecting = getattr(runtime, "add_stages_inspection_hook", None) is not None
+        if inspecting or compilation.instrumentation_mode:
+            return False
+        for name in self.run_options:
+            if getattr(compilation, name):
+                return False
+        return isinstance(self.profile_allocator.get(), self.null_allocator)
 
 
 _state: _Triton | None = None
@@ -214,6 +214,21 @@ def _make_arg_key(types: tuple[type, ...]) -> Callable[..., tuple] | None:
     return namespace["arg_key"]  # type: ignore[no-any-return]
 
 
+class _Fixed(NamedTuple):
+    """What :meth:`KernelLauncher.run_fixed` keeps per token and keywords dict: both (kept alive, so
+    their ids stay theirs), the tail's distinct tensors and their types, the tensor key function per
+    head types, the launches by their remaining key, and the keywords' constexpr values (None when
+    one is missing: such a key is never cached, see :meth:`KernelLauncher._remember`)."""
+
+    token: object
+    kwargs: dict
+    tail_types: tuple[type, ...]
+    tail_tensors: tuple
+    tensor_keys: dict[tuple[type, ...], Callable[..., tuple] | str]
+    launches: dict[tuple, list | str]
+    constexprs: tuple | None
+
+
 class KernelLauncher:
     """Launches one ``@triton.jit`` function like ``fn[grid](*args, **kwargs)``, through a cache
     of compiled kernels keyed on everything Triton specializes on (see the module docstring).
@@ -231,7 +246,7 @@ class KernelLauncher:
         self.fallbacks = 0  # keys that failed a check or a fast launch, now on the normal path
         self._cache: dict[tuple, list | str] = {}
         self._arg_keys: dict[tuple[type, ...], Callable[..., tuple] | str] = {}
-        self._fixed: dict[tuple[int, int], list] = {}  # run_fixed's records by the ids of token, keywords
+        self._fixed: dict[tuple[int, int], _Fixed] = {}  # run_fixed's records by the ids of token, keywords
         self._tensor_keys: dict[tuple[type, ...], Callable[..., tuple] | str] = {}
         self._plan: tuple[int, tuple[str, ...], Callable[[dict], tuple]] | None = None
         self._plan_for: object = None
@@ -351,14 +366,17 @@ class KernelLauncher:
         grid: Any,
         args: tuple,
         kwargs: dict,
+        constexprs: tuple | None = None,
     ) -> Any:
-        """Launch the cached kernel of ``entry`` (the normal path for a key marked slow)."""
+        """Launch the cached kernel of ``entry`` (the normal path for a key marked slow);
+        ``constexprs``: the values of ``kwargs``' constexpr parameters, when the caller has them."""
         if entry is _SLOW or entry[0] is None:
             return self._normal(grid, args, kwargs)
         launch, function, packed_metadata, kernel, unchecked, values = entry
         try:
             stream = active.get_current_stream(device)
-            constexprs = values(kwargs)
+            if constexprs is None:
+                constexprs = values(kwargs)
             if (unchecked or state.verify_all) and not self._check(state, kernel, device, args, kwargs):
                 raise RuntimeError("Triton's cache holds another kernel for these arguments")
             entry[4] = False
@@ -389,53 +407,59 @@ class KernelLauncher:
         with the same ``token`` object every time, and one of a few ``kwargs`` dicts (none ever
         changed; each is remembered by its identity with the token), ``head`` being
         tensors: a launch is then found by ``head``'s types and its and ``tail``'s tensors' dtypes and
-        16-byte alignment (what Triton specializes on that may differ between such calls), with the
-        device and the debug flag, instead of by the whole key. The first launch of each such
-        combination takes :meth:`run` (and its checks); the global-state checks run every time."""
-        args = (*head, *tail)
+        16-byte alignment (each distinct tail tensor once: what Triton specializes on that may differ
+        between such calls), with the device and the debug flag, instead of by the whole key. The
+        first launch of each such combination takes :meth:`run` (and its checks); the global-state
+        checks run every time."""
         started = self._start(grid)
         if started is None:
-            return self._normal(grid, args, kwargs)
+            return self._normal(grid, (*head, *tail), kwargs)
         state, active, device = started
         try:
             fixed = self._fixed.get((id(token), id(kwargs)))
-            if fixed is None or fixed[0] is not token or fixed[4] is not kwargs:
-                fixed = self._fix(token, tail, kwargs)
+            if fixed is None or fixed.token is not token or fixed.kwargs is not kwargs:
+                fixed = self._fix(state, token, tail, kwargs)
             types = tuple(map(type, head))
-            tensor_key = self._tensor_keys.get(types + fixed[1])
+            tensor_key = fixed.tensor_keys.get(types)
             if tensor_key is None:
-                tensor_key = self._tensor_key(types + fixed[1])
+                tensor_key = fixed.tensor_keys[types] = self._tensor_key(types + fixed.tail_types)
             if tensor_key is _NO_KEY or not self._undisturbed(state):
-                return self.run(grid, *args, **kwargs)
+                return self.run(grid, *head, *tail, **kwargs)
             debug = kwargs.get("debug", self.fn.debug) or state.knobs.runtime.debug
-            sub = (device, debug, types, tensor_key(*head, *fixed[2]))  # type: ignore[operator]
-            entry = fixed[3].get(sub)
+            sub = (device, debug, types, tensor_key(*head, *fixed.tail_tensors))  # type: ignore[operator]
+            entry = fixed.launches.get(sub)
         except Exception:
-            return self._normal(grid, args, kwargs)
+            return self._normal(grid, (*head, *tail), kwargs)
+        args = (*head, *tail)
         if entry is None:
             kernel = self.run(grid, *args, **kwargs)
             key = self.key(state, device, args, kwargs)
-            fixed[3][sub] = _SLOW if key is None else self._cache.get(key, _SLOW)
+            fixed.launches[sub] = _SLOW if key is None else self._cache.get(key, _SLOW)
             return kernel
-        return self._launch_cached(state, entry, active, device, grid, args, kwargs)
+        return self._launch_cached(state, entry, active, device, grid, args, kwargs, fixed.constexprs)
 
-    def _fix(self, token: object, tail: tuple, kwargs: dict) -> list:
-        """The record of a :meth:`run_fixed` token and keywords: the token, its tail's tensor types
-        and tensors, its launches by their remaining key, the keywords."""
+    def _fix(self, state: _Triton, token: object, tail: tuple, kwargs: dict) -> _Fixed:
+        """The record of a :meth:`run_fixed` token and keywords (see :class:`_Fixed`)."""
         if len(self._fixed) >= 1024:  # a record keeps its token (a plan, and its tensors) alive
             self._fixed.clear()
-        tensors = tuple(a for a in tail if type(a) in _TENSOR_TYPES)
-        record = [token, tuple(map(type, tensors)), tensors, {}, kwargs]
+        tensors = tuple(dict.fromkeys(a for a in tail if type(a) in _TENSOR_TYPES))  # each once
+        constexprs = None
+        plan = self._layout(state)
+        if plan is not None and all(name in kwargs for name in plan[1]):
+            constexprs = plan[2](kwargs)
+        record = _Fixed(token, kwargs, tuple(map(type, tensors)), tensors, {}, {}, constexprs)
         self._fixed[(id(token), id(kwargs))] = record
         return record
 
     def _tensor_key(self, types: tuple[type, ...]) -> Callable[..., tuple] | str:
         """The key function of tensors of ``types`` (dtype and alignment of each), or
         :data:`_NO_KEY` when one is not a tensor."""
-        found: Callable[..., tuple] | str = _NO_KEY
-        if all(t in _TENSOR_TYPES for t in types):
-            found = _make_arg_key(types) or _NO_KEY
-        self._tensor_keys[types] = found
+        found = self._tensor_keys.get(types)
+        if found is None:
+            found = _NO_KEY
+            if all(t in _TENSOR_TYPES for t in types):
+                found = _make_arg_key(types) or _NO_KEY
+            self._tensor_keys[types] = found
         return found
 
     def _normal(self, grid: Any, args: tuple, kwargs: dict) -> Any:

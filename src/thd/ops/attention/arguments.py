@@ -163,23 +163,18 @@ _HALF_OR_SINGLE = (torch.float16, torch.bfloat16, torch.float32)
 
 def _passes(q: object, k: object, v: object, layout: VarlenLayout, sinks: object) -> bool:
     """True only if every check of :func:`check_call` passes: the common call (fp16/bf16/fp32, no
-    positions, int or None bounds) in a few comparisons. False says nothing: run the checks."""
+    positions, int or None bounds) in a few comparisons, each offset tensor met again (the offsets
+    often fill several fields) taken as checked. False says nothing: run the checks."""
     if type(layout) is not VarlenLayout:
         return False
-    cu_q, cu_kv, cup_q, cup_kv = (
-        layout.cu_seqlens_q,
-        layout.cu_seqlens_kv,
-        layout.cu_seqlens_q_padded,
-        layout.cu_seqlens_kv_padded,
-    )
-    if not (
-        isinstance(q, Tensor)
-        and isinstance(k, Tensor)
-        and isinstance(v, Tensor)
-        and isinstance(cu_q, Tensor)
-        and isinstance(cu_kv, Tensor)
-        and layout.positions_q is None
-        and layout.positions_kv is None
+    cu_q, cu_kv = layout.cu_seqlens_q, layout.cu_seqlens_kv
+    if (
+        layout.positions_q is not None
+        or layout.positions_kv is not None
+        or not isinstance(q, Tensor)
+        or not isinstance(k, Tensor)
+        or not isinstance(v, Tensor)
+        or not isinstance(cu_q, Tensor)
     ):
         return False
     dtype = q.dtype
@@ -202,18 +197,15 @@ def _passes(q: object, k: object, v: object, layout: VarlenLayout, sinks: object
         or not 8 <= dim_v <= MAX_HEAD_DIM
     ):
         return False
-    int32 = torch.int32
-    if cu_q.dtype is not int32 or cu_kv.dtype is not int32 or cu_q.dim() != 1 or cu_q.shape[0] < 1:
-        return False
-    if cu_kv.shape != cu_q.shape:
+    if cu_q.dtype is not torch.int32 or cu_q.dim() != 1 or cu_q.shape[0] < 1:
         return False
     device = q.device
-    if k.device != device or v.device != device or cu_q.device != device or cu_kv.device != device:
+    if k.device != device or v.device != device or cu_q.device != device:
         return False
-    for cup, cu in ((cup_q, cu_q), (cup_kv, cu_kv)):
-        if cup is not None and not (
-            isinstance(cup, Tensor) and cup.dtype is int32 and cup.shape == cu.shape and cup.device == device
-        ):
+    if cu_kv is not cu_q and not _offsets_like(cu_kv, cu_q):
+        return False
+    for cup in (layout.cu_seqlens_q_padded, layout.cu_seqlens_kv_padded):
+        if cup is not None and cup is not cu_q and not _offsets_like(cup, cu_q):
             return False
     for bound in (layout.max_seqlen_q, layout.max_seqlen_kv):
         if bound is not None and not (type(bound) is int and 0 <= bound <= MAX_SEQLEN_LIMIT):
@@ -224,6 +216,17 @@ def _passes(q: object, k: object, v: object, layout: VarlenLayout, sinks: object
         and sinks.shape[0] == heads
         and sinks.dtype in _HALF_OR_SINGLE
         and sinks.device == device
+    )
+
+
+def _offsets_like(t: object, cu_q: Tensor) -> bool:
+    """Whether ``t`` is an int32 tensor of ``cu_q``'s shape on its device (``cu_q`` checked)."""
+    return (
+        isinstance(t, Tensor)
+        and t.dtype is torch.int32
+        and t.dim() == 1
+        and t.shape[0] == cu_q.shape[0]
+        and t.device == cu_q.device
     )
 
 

@@ -28,5 +28,11 @@ def gradient_buffers(call: BackwardCall, *, atomic_dq: bool) -> tuple[Tensor, Te
     if call.accumulate is not None:
         return call.accumulate
     q, k, v = call.saved[:3]
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else q.new_empty(q.shape)
-    return dq, k.new_empty(k.shape), v.new_empty(v.shape)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else _empty_like_rows(q)
+    return dq, _empty_like_rows(k), _empty_like_rows(v)
+
+
+def _empty_like_rows(x: Tensor) -> Tensor:
+    """A contiguous uninitialised ``[T, H, D]`` tensor like ``x``, sized by ints (``new_empty`` of a
+    ``torch.Size`` costs about a microsecond more host time)."""
+    return x.new_empty(x.shape[0], x.shape[1], x.shape[2])

@@ -147,10 +147,21 @@ def _(do, q, k, v, out, lse, sinks, *flat):  # type: ignore[no-untyped-def]
 
 
 def _save(ctx, saved: SavedForBackward, layout: VarlenLayout, options: AttentionOptions) -> None:  # type: ignore[no-untyped-def]
-    ctx.save_for_backward(*saved, *layout.tensors())
-    ctx.layout = layout  # its tensors are saved above too, for autograd's version checks
+    # The layout's tensors are saved too, each once, for autograd's version checks (an offset
+    # tensor refilled in place between forward and backward is an error).
+    ctx.save_for_backward(*saved, *_distinct_tensors(layout))
+    ctx.layout = layout
     ctx.options = options
     ctx.mark_non_differentiable(saved.lse)
+
+
+def _distinct_tensors(layout: VarlenLayout) -> tuple[Tensor, ...]:
+    """The layout's tensors, each once (the offsets often fill several of its fields)."""
+    found: tuple[Tensor, ...] = ()
+    for t in layout.tensors():
+        if t is not None and all(t is not seen for seen in found):
+            found += (t,)
+    return found
 
 
 def _saved(ctx) -> SavedForBackward:  # type: ignore[no-untyped-def]
@@ -197,12 +208,15 @@ class AttentionFunction(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         out, lse = forward_call(ForwardCall(q, k, v, layout, options, sinks))
         _save(ctx, SavedForBackward(q, k, v, out, lse, sinks), layout, options)
+        ctx.set_materialize_grads(False)  # no zero gradient is made for lse (nor for an unused out)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout: Tensor, dlse: Tensor | None):  # type: ignore[no-untyped-def, override]
-        del dlse
+    def backward(ctx, dout: Tensor | None, dlse: Tensor | None):  # type: ignore[no-untyped-def, override]
+        del dlse  # lse is an auxiliary output; it carries no gradient
         saved = _saved(ctx)
+        if dout is None:  # an undefined gradient of out: zeros, as autograd would have made them
+            dout = torch.zeros_like(saved.out, memory_format=torch.contiguous_format)
         dq, dk, dv, dsinks = backward_call(BackwardCall(dout.contiguous(), saved, ctx.layout, ctx.options))
         return dq, dk, dv, (dsinks if saved.sinks is not None else None), None, None
 

@@ -57,22 +57,19 @@ LAYOUT_ARGS: ArgSpec = (
 )
 
 
+def layout_tensors(layout: VarlenLayout) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The tensors of :data:`LAYOUT_ARGS` (positions default to the offsets: unused without them)."""
+    cu_q, cu_k = layout.cu_seqlens_q, layout.cu_seqlens_kv
+    cup_q, cup_k = layout.cu_seqlens_q_padded, layout.cu_seqlens_kv_padded
+    pos_q, pos_k = layout.positions_q, layout.positions_kv
+    if pos_q is None or pos_k is None:
+        pos_q, pos_k = cu_q, cu_k  # unused: HAS_POSITIONS is False
+    return cu_q, cu_k, cu_q if cup_q is None else cup_q, cu_k if cup_k is None else cup_k, pos_q, pos_k
+
+
 def layout_args(layout: VarlenLayout, rows_q: int, rows_k: int) -> tuple:
-    """Values of :data:`LAYOUT_ARGS` (positions default to the offsets: unused without them)."""
-    if layout.positions_q is None or layout.positions_kv is None:
-        pos_q, pos_k = layout.cu_seqlens_q, layout.cu_seqlens_kv  # unused: HAS_POSITIONS is False
-    else:
-        pos_q, pos_k = layout.positions_q, layout.positions_kv
-    return (
-        layout.cu_seqlens_q,
-        layout.cu_seqlens_kv,
-        layout.slots_q,
-        layout.slots_kv,
-        pos_q,
-        pos_k,
-        rows_q,
-        rows_k,
-    )
+    """Values of :data:`LAYOUT_ARGS`."""
+    return (*layout_tensors(layout), rows_q, rows_k)
 
 
 VARIANT_ARGS: ArgSpec = ("sm_scale", "softcap", "window_left", "window_right", "seq_bucket")
@@ -246,9 +243,10 @@ def _launch(
 
 
 class _Launch(NamedTuple):
-    """One launch of a cached plan: everything but the call's own tensors. ``tail``: the arguments
-    after them (layout tensors, sizes, strides, variant), fixed by the plan's key; ``tma_keywords``:
-    the keywords when the tile reads through descriptors and the tensors allow it (None: no TMA tile)."""
+    """One launch of a cached plan: everything but the call's tensors (its inputs, outputs and
+    layout tensors). ``tail``: the arguments after them (sizes, strides, variant: no tensor), fixed
+    by the plan's key; ``tma_keywords``: the keywords when the tile reads through descriptors and
+    the tensors allow it (None: no TMA tile)."""
 
     kernel: str
     meta: dict
@@ -262,8 +260,8 @@ class _Launch(NamedTuple):
     def run(self, head: tuple, tiled: tuple[Tensor, Tensor], reused: bool) -> None:
         """Launch with ``head`` (the call's tensors) before :attr:`tail`; ``tiled``: the tensors
         whose tiles the inner loop reads (checked by :func:`thd._runtime.tiles.tma_capable`).
-        ``reused``: the plan served an earlier call (a plan made for this call alone, e.g. the
-        ring's, whose layouts are new tensors each call, launches by the whole argument list)."""
+        ``reused``: the plan served an earlier call (a plan made for this call launches by the
+        whole argument list: a key seen once does not take a record of the launcher's)."""
         tma = self.tma_keywords
         keywords = tma if tma is not None and tiles.tma_capable(*tiled) else self.keywords
         if reused:
@@ -392,20 +390,25 @@ def _meta_for(
 
 
 # ----------------------------------------------------------------------------- cached plans
-# What a launch needs besides the call's own tensors (grids, constexprs, compile options, sizes,
-# strides, the layout's tensors) depends only on the layout, the options and the tensors' shapes,
-# strides and dtype: it is computed once per such key and kept in a plan. The key holds the ids of
-# the layout's tensors and of the options, and the plan holds those objects, so an id in a live
-# key is never another object's; the values of the offsets are read by the kernels at every launch
-# (the plan never depends on them), and their lengths are in the key. Every call still checks its
-# arguments before it gets here, reads the current tile table and TMA capability, and launches
-# through KernelLauncher (which checks what Triton specializes on, pointer alignment included).
+# What a launch needs besides the call's tensors (grids, constexprs, compile options, sizes,
+# strides, the variant's scalars) depends only on the layout's shape (the offsets' length, which
+# tensors are given, the bounds), the options' values and the tensors' shapes, strides and dtype:
+# it is computed once per such key and kept in a plan, which holds no tensor. The layout's tensors
+# are the call's, passed with its inputs and outputs at every launch (a new offsets tensor per
+# batch, or the ring's per call, finds the same plan); their values are read by the kernels, and
+# what Triton specializes on (dtype, 16-byte alignment) is keyed by KernelLauncher.run_fixed with
+# every other tensor's. Every call still checks its arguments before it gets here, reads the
+# current tile table and TMA capability, and launches through KernelLauncher.
 
 PLAN_LIMIT = 256
-"""Plans kept per phase; all are dropped when a new one would exceed it (a plan keeps its layout's
-offset tensors alive)."""
-_FORWARD_PLANS: dict[tuple, tuple[VarlenLayout, AttentionOptions, _Launch]] = {}
+"""Plans kept per phase; all are dropped when a new one would exceed it."""
+_FORWARD_PLANS: dict[tuple, _Launch] = {}
 _BACKWARD_PLANS: dict[tuple, _BackwardPlan] = {}
+# Each kernel's head (the call's tensors, layout tensors last) ends where its sizes begin.
+_FWD_HEAD = FWD_ARGS.index("rows_q")
+_PREPROCESS_HEAD = PREPROCESS_ARGS.index("rows_q")
+_DKDV_HEAD = DKDV_ARGS.index("rows_q")
+_DQ_HEAD = DQ_ARGS.index("rows_q")
 
 
 def clear_plans() -> None:
@@ -419,26 +422,31 @@ def plan_counts() -> tuple[int, int]:
     return len(_FORWARD_PLANS), len(_BACKWARD_PLANS)
 
 
-def _layout_key(layout: VarlenLayout) -> tuple:
+def _inputs_key(layout: VarlenLayout, options: AttentionOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+    """The part of a plan's key both phases share, flat: the offsets' length (the grid's sequences),
+    which of the layout's optional tensors are given, the bounds, the options (by value) and the
+    inputs' shapes and strides. Not the layout tensors themselves: the plan holds none."""
     return (
-        id(layout.cu_seqlens_q),
-        id(layout.cu_seqlens_kv),
-        id(layout.cu_seqlens_q_padded),
-        id(layout.cu_seqlens_kv_padded),
-        id(layout.positions_q),
-        id(layout.positions_kv),
+        layout.cu_seqlens_q.shape[0],
+        layout.cu_seqlens_q_padded is None,
+        layout.cu_seqlens_kv_padded is None,
+        layout.positions_q is None,
+        layout.positions_kv is None,
         layout.max_seqlen_q,
         layout.max_seqlen_kv,
-        layout.cu_seqlens_q.shape[0],
+        options,
+        q.shape,
+        q.stride(),
+        k.shape,
+        k.stride(),
+        v.shape,
+        v.stride(),
     )
 
 
-def _inputs_key(layout: VarlenLayout, options: AttentionOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple:
-    """The part of a plan's key both phases share: the layout, the options and the inputs' geometry."""
-    return (_layout_key(layout), id(options), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride())
-
-
-def _remember(plans: dict, key: tuple, plan: object) -> None:
+def _remember(plans: dict, key: tuple, plan: object, options: AttentionOptions) -> None:
+    if options.softmax_scale == 0.0:
+        return  # 0.0 and -0.0 are equal options but not one scale: such a plan serves its call only
     if len(plans) >= PLAN_LIMIT:
         plans.clear()
     plans[key] = plan
@@ -447,8 +455,7 @@ def _remember(plans: dict, key: tuple, plan: object) -> None:
 def _forward_plan(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple[_Launch, bool]:
     """The forward's launch, and whether it was cached (else made now)."""
     q, k, v, layout, options, sinks, accumulate = call
-    key = (
-        *_inputs_key(layout, options, q, k, v),
+    key = _inputs_key(layout, options, q, k, v) + (
         out.stride(),
         lse.stride(),
         q.dtype,
@@ -457,14 +464,14 @@ def _forward_plan(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple[_Launch,
         tiles.SMALL_FWD_MAX_REGISTERS,
     )
     found = _FORWARD_PLANS.get(key)
-    if found is not None and found[2].current():
-        return found[2], True
+    if found is not None and found.current():
+        return found, True
     fold_scale = options.softmax_scale > 0.0 and options.softcap <= 0.0
     meta = _meta("fwd", call, sinks is not None, accumulate is not None, fold_scale)
     assert layout.max_seqlen_q is not None
-    tail = forward_args(call, out, lse)[6:]
+    tail = forward_args(call, out, lse)[_FWD_HEAD:]
     launch = _plan_launch("fwd", layout.max_seqlen_q, q.shape[1], layout.num_seqs, meta, tail)
-    _remember(_FORWARD_PLANS, key, (layout, options, launch))
+    _remember(_FORWARD_PLANS, key, launch, options)
     return launch, False
 
 
@@ -486,8 +493,6 @@ class _Preprocess(NamedTuple):
 class _BackwardPlan(NamedTuple):
     """The launches of one backward key (None: not launched) and whether dQ is added by atomics."""
 
-    layout: VarlenLayout
-    options: AttentionOptions
     atomic: bool
     preprocess: _Preprocess | None
     dkdv: _Launch | None
@@ -507,8 +512,7 @@ def _backward_plan(
     q, k, v, do, lse, delta = inputs
     out, sinks = call.saved.out, call.saved.sinks
     layout, options, accumulate = call.layout, call.options, call.accumulate
-    key = (
-        *_inputs_key(layout, options, q, k, v),
+    key = _inputs_key(layout, options, q, k, v) + (
         do.stride(),
         out.shape,
         out.stride(),
@@ -533,21 +537,21 @@ def _backward_plan(
         preprocess = _Preprocess(
             (_cdiv(max_q, block), num_heads, num_seqs),
             _preprocess_keywords(v.shape[2], int(dq_meta["BLOCK_DV"]), sinks is not None, block),
-            preprocess_args(out, do, delta, lse, sinks, None, layout)[6:],  # the tail only
+            preprocess_args(out, do, delta, lse, sinks, None, layout)[_PREPROCESS_HEAD:],
         )
     shared = backward_shared_args(inputs, layout, options)
     dkdv = None
     if k.shape[0] > 0:
         dkdv_meta = _meta("dkdv", call, dq_mode, accumulating)
-        tail = backward_args(inputs, (dk, dv, dq), layout, options, shared)[9:]
+        tail = backward_args(inputs, (dk, dv, dq), layout, options, shared)[_DKDV_HEAD:]
         dkdv = _plan_launch("dkdv", max_kv, k.shape[1], num_seqs, dkdv_meta, tail)
     dq_launch = None
     atomic = dq_mode > 0
     if not atomic and q.shape[0] > 0:
-        tail = backward_args(inputs, (dq,), layout, options, shared)[7:]
+        tail = backward_args(inputs, (dq,), layout, options, shared)[_DQ_HEAD:]
         dq_launch = _plan_launch("dq", max_q, num_heads, num_seqs, dq_meta, tail)
-    plan = _BackwardPlan(layout, options, atomic, preprocess, dkdv, dq_launch)
-    _remember(_BACKWARD_PLANS, key, plan)
+    plan = _BackwardPlan(atomic, preprocess, dkdv, dq_launch)
+    _remember(_BACKWARD_PLANS, key, plan, options)
     return plan, False
 
 
@@ -583,7 +587,8 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
         _launch("fwd", layout.max_seqlen_q, q.shape[1], layout.num_seqs, meta, (k, v), args)
         return out, lse
     plan, reused = _forward_plan(call, out, lse)
-    plan.run((q, k, v, out, lse, q if sinks is None else sinks), (k, v), reused)
+    head = (q, k, v, out, lse, q if sinks is None else sinks, *layout_tensors(layout))
+    plan.run(head, (k, v), reused)
     return out, lse
 
 
@@ -606,15 +611,17 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     inputs = (q, k, v, do, lse, delta)
     plan, reused = _backward_plan(call, inputs, (dq, dk, dv), dq_mode)
+    offsets = layout_tensors(call.layout)
     if plan.preprocess is not None:
         rows = delta if dsink_rows is None else dsink_rows
-        plan.preprocess.run((out, do, delta, lse, out if sinks is None else sinks, rows), reused)
+        head = (out, do, delta, lse, out if sinks is None else sinks, rows, offsets[0], offsets[2])
+        plan.preprocess.run(head, reused)
     if plan.dkdv is not None:
-        plan.dkdv.run((*inputs, dk, dv, dq), (q, do), reused)
+        plan.dkdv.run((*inputs, dk, dv, dq, *offsets), (q, do), reused)
     if plan.atomic:
         dq = dq if accumulate is not None else dq.to(q.dtype)
     elif plan.dq is not None:
-        plan.dq.run((*inputs, dq), (k, v), reused)
+        plan.dq.run((*inputs, dq, *offsets), (k, v), reused)
     dsinks = None if dsink_rows is None else dsink_rows.sum(1).to(sinks.dtype)  # type: ignore[union-attr]
     return dq, dk, dv, dsinks
 
