@@ -191,6 +191,12 @@ def _ptxas_stats(ptx: str) -> dict[str, int]:
             text=True,
             check=True,
         )
+        sass = subprocess.run(
+            [str(Path(get_ptxas(90).path).with_name("nvdisasm")), "-c", str(Path(tmp) / "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     text = proc.stderr + proc.stdout
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
     spills = [
@@ -199,7 +205,32 @@ def _ptxas_stats(ptx: str) -> dict[str, int]:
     # C7517: "warpgroup.wait is injected ... to allow use of registers defined by GMMA" (a wait the
     # kernel did not ask for, which serialises its async products)
     injected = len(re.findall(r"C7517", text))
-    return {"registers": max(regs, default=-1), "spill_bytes": sum(spills), "injected_waits": injected}
+    return {
+        "registers": max(regs, default=-1),
+        "spill_bytes": sum(spills),
+        "injected_waits": injected,
+        "exp2_before_last_wait": exp2_before_last_wait(sass),
+    }
+
+
+def exp2_before_last_wait(sass: str) -> list[int]:
+    """Per block that starts at a ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (scores in, one product still in
+    flight) and ends at the next ``WARPGROUP.ARRIVE``: how many ``MUFU.EX2`` come before the block's
+    first ``WARPGROUP.DEPBAR.LE gsb0, 0x0`` (the wait for that product). In the forward's key loop this
+    is the softmax that overlaps the in-flight ``P V``; 0 means ptxas put that wait first."""
+    counts: list[int] = []
+    current: int | None = None
+    for line in sass.splitlines():
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            current = 0
+        elif current is None:
+            continue
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line or "WARPGROUP.ARRIVE" in line:
+            counts.append(current)
+            current = None
+        elif "MUFU.EX2" in line:
+            current += 1
+    return counts
 
 
 def compile_config(name: str, ptxas: bool = False) -> dict[str, object]:

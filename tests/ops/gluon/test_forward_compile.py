@@ -46,3 +46,17 @@ def test_compiles_for_sm90_with_triton_3_6() -> None:
     if not python:
         pytest.skip("THD_TRITON36_PYTHON is unset: name a Python with triton==3.6.0 (torch not needed)")
     _assert_fa3_pieces(compile_in_subprocess(python, CONFIGS))
+
+
+def test_softmax_overlaps_the_pv_product_in_sass_with_triton_3_6() -> None:
+    """In the head-dim-128 key loop (two consumers) the whole tile's softmax (64 ``exp2`` per thread,
+    plus ``alpha``) sits between the scores' wait and the ``P V`` wait in the SASS of Triton 3.6's
+    ptxas; without ``_after_softmax`` ptxas hoisted that wait above every ``exp2`` (0 here)."""
+    python = os.environ.get("THD_TRITON36_PYTHON", "")
+    if not python:
+        pytest.skip("THD_TRITON36_PYTHON is unset: name a Python with triton==3.6.0 (torch not needed)")
+    stats = compile_in_subprocess(python, ("d128-causal-bf16",), ptxas=True)["d128-causal-bf16"]
+    counts = stats["exp2_before_last_wait"]
+    assert len(counts) == 2, stats  # one key loop per consumer warpgroup
+    assert min(counts) >= 64, stats
+    assert stats["spill_bytes"] == 0 and stats["injected_waits"] == 0, stats
