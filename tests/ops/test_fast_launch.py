@@ -107,16 +107,26 @@ class FakeGPU:
         return kernel, call
 
 
-@pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGPU]:
-    """The installed Triton's JITFunction.run on a stand-in driver; the fast path switched on."""
+def _jit_classes() -> list[Any]:
+    """``@triton.jit``'s class and, where this Triton has it, ``@gluon.jit``'s."""
+    try:
+        from triton.experimental.gluon._runtime import GluonJITFunction
+    except ImportError:
+        return [triton_jit.JITFunction]
+    return [triton_jit.JITFunction, GluonJITFunction]
+
+
+@pytest.fixture(params=_jit_classes(), ids=lambda cls: cls.__name__)
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[FakeGPU]:
+    """The installed Triton's JITFunction.run on a stand-in driver; the fast path switched on; the
+    kernel a ``@triton.jit`` and a ``@gluon.jit`` function (both launch through ``JITFunction.run``)."""
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when it is unset
     driver = _DriverConfig()
     monkeypatch.setattr(triton_jit, "driver", driver)
     state = fast_launch._Triton(force=False, verify_all=False)
     monkeypatch.setattr(fast_launch, "_state", state)
     monkeypatch.setattr(fast_launch, "_state_ready", True)
-    yield FakeGPU(triton_jit.JITFunction(_scale), driver)
+    yield FakeGPU(request.param(_scale), driver)
 
 
 def _tensor(dtype: torch.dtype, offset: int, n: int = 64) -> torch.Tensor:
@@ -709,6 +719,59 @@ def test_gpu_attention_through_fast_path_matches_normal_path(monkeypatch: pytest
             assert torch.equal(got, want)
     used = [launcher for launcher in launchers if launcher.normal_launches]
     assert all(launcher.fallbacks == 0 and launcher.fast_launches >= 2 for launcher in used), used
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_attention_through_fast_path_matches_normal_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Gluon family's launches (work list, forward, preprocess, dK/dV, dQ) through the cached
+    path: the same bits as through ``fn[grid]``, every launch after the first of a key cached."""
+    import thd
+    from thd._runtime.launcher import launcher_for
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels need an sm_90 GPU")
+    from thd.ops.attention.gluon import backward_kernel, forward_kernel, schedule
+
+    kernels = (
+        schedule.build_work_list,
+        forward_kernel.attention_fwd_kernel,
+        backward_kernel._preprocess_kernel,
+        backward_kernel._dkdv_kernel,
+        backward_kernel._dq_kernel,
+    )
+    launchers = [launcher_for(kernel) for kernel in kernels]
+    cu = torch.tensor([0, 100, 180, 300], dtype=torch.int32, device="cuda")
+    cup = torch.tensor([0, 128, 256, 384], dtype=torch.int32, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(384, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = torch.randn(2, 384, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+    kw = {"cu_seqlens_q_padded": cup, "cu_seqlens_kv_padded": cup, "max_seqlen_q": 120, "max_seqlen_kv": 120}
+
+    def run() -> list[torch.Tensor]:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = thd.attention(*leaves, cu, cu, causal=True, deterministic=True, **kw)
+        out.backward(do)
+        return [out.detach(), *(t.grad for t in leaves)]  # type: ignore[misc]
+
+    try:
+        monkeypatch.setenv("THD_KERNELS", "gluon")
+        monkeypatch.setenv("THD_FAST_LAUNCH", "verify")
+        fast_launch.reload_settings()
+        assert fast_launch.enabled(), f"fast path off with Triton {triton.__version__}"
+        fast = [run() for _ in range(3)]
+        monkeypatch.setenv("THD_FAST_LAUNCH", "0")
+        fast_launch.reload_settings()
+        before = [launcher.fast_launches for launcher in launchers]
+        normal = run()
+        assert [launcher.fast_launches for launcher in launchers] == before
+    finally:
+        monkeypatch.undo()
+        fast_launch.reload_settings()
+    for result in fast:
+        for got, want in zip(result, normal, strict=True):
+            assert torch.equal(got, want)
+    assert all(launcher.fallbacks == 0 and launcher.fast_launches >= 2 for launcher in launchers), launchers
 
 
 # ----------------------------------------------------------------------------- wrapper shortcuts

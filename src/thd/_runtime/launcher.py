@@ -1,4 +1,5 @@
-"""Cached launches of ``@triton.jit`` kernels: Triton's per-launch Python path, paid once per key.
+"""Cached launches of ``@triton.jit`` (and ``@gluon.jit``) kernels: Triton's per-launch Python path,
+paid once per key.
 
 ``fn[grid](*args, **kwargs)`` runs ``JITFunction.run`` on every launch: it binds the ~40
 arguments, specializes each one (native code, but through a generated Python binder), builds
@@ -91,6 +92,17 @@ _NO_KEY = "no-key"  # key-function cache value: these argument types are not fas
 _ABSENT = object()
 
 
+def _gluon_jit_type(jit_function: type) -> tuple[type, ...]:
+    """Gluon's ``@gluon.jit`` class where it launches exactly as ``JITFunction`` (it inherits ``run``
+    and the binder, and only swaps the AST source it compiles), else nothing."""
+    try:
+        from triton.experimental.gluon._runtime import GluonJITFunction
+    except ImportError:
+        return ()
+    inherits = GluonJITFunction.run is jit_function.run and GluonJITFunction.__mro__[1] is jit_function
+    return (GluonJITFunction,) if inherits else ()
+
+
 class _Triton:
     """The pieces of the installed Triton the fast path uses, found and checked once."""
 
@@ -117,6 +129,7 @@ class _Triton:
         self.knobs = knobs
         self.jit_module = triton_jit  # JITFunction.run reads its `driver.active` at every launch
         self.JITFunction = triton_jit.JITFunction
+        self.jit_types = (triton_jit.JITFunction, *_gluon_jit_type(triton_jit.JITFunction))
         self.CompiledKernel = CompiledKernel
         self.compute_cache_key = triton_jit.compute_cache_key
         self.hook_chain = getattr(knobs, "HookChain", None)
@@ -269,7 +282,7 @@ class KernelLauncher:
             return self._plan
         plan = None
         fn = self.fn
-        if type(fn) is state.JITFunction:
+        if type(fn) in state.jit_types:
             params = list(fn.params)
             kinds = [p.kind for p in fn.signature.parameters.values()]
             plain = sum(1 for p in params if not p.is_constexpr)

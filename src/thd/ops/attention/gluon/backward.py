@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from thd._runtime.config import kernel_settings
-from thd._runtime.launcher import ensure_scratch_allocator
+from thd._runtime.launcher import ensure_scratch_allocator, launcher_for
 from thd.ops.attention.buffers import gradient_buffers
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
@@ -160,7 +160,8 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     delta = torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
-        kernels._preprocess_kernel[(_cdiv(max_q, _PREPROCESS_ROWS), num_heads, num_seqs)](
+        launcher_for(kernels._preprocess_kernel).run(
+            (_cdiv(max_q, _PREPROCESS_ROWS), num_heads, num_seqs),
             out,
             do,
             delta,
@@ -194,7 +195,8 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
         tile = TILES[("dkdv", head_dim)]
         if atomic and tile.consumers > 1 and not _tma_readable(dq):  # no TMA reduce-add: per-element atomics
             tile = replace(tile, consumers=1)
-        kernels._dkdv_kernel[(max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1)](
+        launcher_for(kernels._dkdv_kernel).run(
+            (max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1),
             q,
             k,
             v,
@@ -217,7 +219,8 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
         dq = dq if accumulate is not None else dq.to(q.dtype)
     elif q.shape[0] > 0:
         tile = TILES[("dq", head_dim)]
-        kernels._dq_kernel[(max(1, _cdiv(max_q, tile.block_m)), num_heads, num_seqs + 1)](
+        launcher_for(kernels._dq_kernel).run(
+            (max(1, _cdiv(max_q, tile.block_m)), num_heads, num_seqs + 1),
             q,
             k,
             v,

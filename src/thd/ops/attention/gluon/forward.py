@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from thd._runtime.launcher import ensure_scratch_allocator
+from thd._runtime.launcher import ensure_scratch_allocator, launcher_for
 from thd.ops.attention.buffers import forward_outputs
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
@@ -81,7 +81,8 @@ def _work_list(layout: VarlenLayout, num_rows: int, block_m: int) -> tuple[Tenso
     capacity = num_rows // block_m + num_seqs + 1
     buffer = torch.empty(2 * capacity + 1, dtype=torch.int32, device=layout.cu_seqlens_q.device)
     seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
-    build_work_list[(num_seqs,)](
+    launcher_for(build_work_list).run(
+        (num_seqs,),
         layout.cu_seqlens_q,
         layout.slots_q,
         seq,
@@ -150,7 +151,8 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     softcap = options.softcap if options.softcap > 0.0 else 1.0
     seq, blk, count = _work_list(layout, num_rows, tile.block_m)
     grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, seq.shape[0] * num_heads),)
-    attention_fwd_kernel[grid](
+    launcher_for(attention_fwd_kernel).run(
+        grid,
         q,
         k,
         v,
