@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One GPU iteration of the attention work, in one device call right after `fa4-wheels.sh stage`
+# (see ../shared/tools/fa4-wheels.sh): FA4 install, the attention benchmark with both thd families,
+# FA4, cuDNN and varlen_attn, the attention/ring/Gluon GPU tests under THD_KERNELS=prefer-gluon, and
+# the Gluon kernels' bounds tests under compute-sanitizer memcheck. Each step is cut at a time
+# budget (seconds from the start) so the whole fits one 600-second call.
+#   device: carry [".fa4/b"], command: SHA=<commit> bash benchmarks/device/iteration.sh
+set -o pipefail
+export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
+T0=$(date +%s); left() { echo $(($1 - ($(date +%s) - T0))); }
+SHA=${SHA:?set SHA to the commit being measured}
+OUT=${OUT:-/tmp/iteration}; mkdir -p "$OUT"
+eval "$(bash .fa4/b/fa4-wheels.sh install)" || exit 1
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
+echo "== bench $(date +%T)"
+PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 330)" python3 benchmarks/bench_attention.py \
+  --out "$OUT/attention-$SHA.json" --commit "$SHA" --providers thd-tl thd-gluon fa4 cudnn varlen_attn \
+  --budget-s 240 --rep-ms 60 --trials 3 2>&1 | tail -4
+PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT/attention-$SHA.json" 2>&1 | head -40
+echo "== tests, THD_KERNELS=prefer-gluon $(date +%T)"
+THD_KERNELS=prefer-gluon PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 520)" python3 -m pytest -q -m gpu \
+  -p no:cacheprovider -k "not autotuned" --timeout 120 tests/ops/gluon tests/ops/test_attention_gpu.py \
+  tests/ops/test_attention_fa4_gpu.py tests/ops/test_attention_variants_gpu.py tests/ops/test_attention_accumulate.py \
+  tests/ops/test_fast_launch.py tests/cp/test_ring.py tests/cp/test_ring_variants.py 2>&1 | tail -15
+echo "== memcheck, Gluon bounds $(date +%T)"
+PYTHONPATH=src:. timeout "$(left 590)" compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q \
+  -m gpu -p no:cacheprovider tests/ops/test_attention_bounds.py -k gluon 2>&1 | tail -4
+echo "== done $(date +%T)"
