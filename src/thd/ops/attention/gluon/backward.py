@@ -191,18 +191,14 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
         "ACCUMULATE": accumulate is not None,
     }
     window = (options.softmax_scale, max(options.window_left, 0), max(options.window_right, 0))
+    inputs = (q, k, v, do, lse, delta)  # the leading arguments of both kernels
     if k.shape[0] > 0:
         tile = TILES[("dkdv", head_dim)]
         if atomic and tile.consumers > 1 and not _tma_readable(dq):  # no TMA reduce-add: per-element atomics
             tile = replace(tile, consumers=1)
         launcher_for(kernels._dkdv_kernel).run(
             (max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1),
-            q,
-            k,
-            v,
-            do,
-            lse,
-            delta,
+            *inputs,
             dk,
             dv,
             dq,
@@ -221,12 +217,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
         tile = TILES[("dq", head_dim)]
         launcher_for(kernels._dq_kernel).run(
             (max(1, _cdiv(max_q, tile.block_m)), num_heads, num_seqs + 1),
-            q,
-            k,
-            v,
-            do,
-            lse,
-            delta,
+            *inputs,
             dq,
             *sequences,
             *row_strides(dq),
