@@ -4,7 +4,7 @@
 # FA4, cuDNN and varlen_attn, the attention/ring/Gluon GPU tests under THD_KERNELS=prefer-gluon, and
 # the Gluon kernels' bounds tests under compute-sanitizer memcheck. Each step is cut at a time
 # budget (seconds from the start) so the whole fits one 600-second call.
-#   device: carry [".fa4/b"], command: SHA=<commit> bash benchmarks/device/iteration.sh
+#   device: carry [".fa4/b"], command: SHA=<commit> [VARIANTS=1] bash benchmarks/device/iteration.sh
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 T0=$(date +%s); left() { echo $(($1 - ($(date +%s) - T0))); }
@@ -18,6 +18,12 @@ PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 330)" python3 benchmarks/bench_atte
   --out "$OUT/attention-$SHA.json" --commit "$SHA" --providers thd-tl thd-gluon fa4 cudnn varlen_attn \
   --budget-s 240 --rep-ms 60 --trials 3 2>&1 | tail -4
 PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT/attention-$SHA.json" 2>&1 | head -40
+if [ "${VARIANTS:-0}" = 1 ]; then  # window / softcap / sinks, both families against FA4
+  echo "== variants $(date +%T)"
+  PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 420)" python3 benchmarks/bench_attention.py --variants \
+    --out "$OUT/attention-variants-$SHA.json" --commit "$SHA" --providers thd-tl thd-gluon fa4 \
+    --layouts 32768:512-8192 --budget-s 80 --rep-ms 40 --trials 3 2>&1 | tail -2
+fi
 echo "== tests, THD_KERNELS=prefer-gluon $(date +%T)"
 THD_KERNELS=prefer-gluon PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 520)" python3 -m pytest -q -m gpu \
   -p no:cacheprovider -k "not autotuned" --timeout 120 tests/ops/gluon tests/ops/test_attention_gpu.py \
