@@ -13,7 +13,8 @@ and the partial dK/dV of each K/V block travels with it, so each rank ends with 
 gradient of its own block.
 
 Which launches each step runs is planned by :func:`thd.cp.plan.build_plan` (pure index math,
-no process group); this module runs the plan: the exchange loops, the autograd Function and the
+no process group; :func:`thd.cp.plan_cache.plan_for` reuses a plan across calls on the same,
+unchanged layout tensors); this module runs the plan: the exchange loops, the autograd Function and the
 public API.
 
 Halves are never copied. Padding sits at the end of a slot, so the real rows of each half of a
@@ -61,7 +62,8 @@ from thd.cp.checks import (
 )
 from thd.cp.comm import P2P, RingComm, resolve_group
 from thd.cp.launches import launch_backward, launch_forward
-from thd.cp.plan import Launch, PlanRequest, RingPlan, build_plan
+from thd.cp.plan import Launch, PlanRequest, RingPlan
+from thd.cp.plan_cache import plan_for
 from thd.cp.transport import ring_comm
 from thd.errors import ThdError
 from thd.ops.attention.dispatch import runs_kernels
@@ -466,7 +468,7 @@ def ring_attention(
         sinks=sinks is not None,
         read_layout=sync_ok,
     )
-    plan = build_plan(request)
+    plan = plan_for(request)
     path_counts["single" if cp == 1 else "rank_counts" if plan.exact else "fast"] += 1
     if cp > 1 and (options.window_left >= 0 or (not causal and options.window_size[1] >= 0)):
         window_counts["calls"] += 1

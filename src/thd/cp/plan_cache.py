@@ -1,0 +1,79 @@
+"""Ring plans reused across calls on the same layout tensors (every layer of a training step).
+
+A :class:`~thd.cp.plan.RingPlan` depends on the values of the layout's offset tensors, which the
+host cannot read without a sync. So a call gets an earlier call's plan only when its layout
+holds the very same tensor objects, none written in place since (the same ``_version``; a write
+through ``.data`` or outside torch is not seen, as for :mod:`thd.padding`'s verdict cache), and
+everything else in its :class:`~thd.cp.plan.PlanRequest` is equal. A model passes one set of
+offsets to all its attention layers, so every layer after the first skips the plan's launches.
+
+Never under CUDA-graph capture: a captured graph must hold the plan's own kernels, so that a
+replay on new offsets (written into the captured tensors) recomputes it. The cache keeps the last
+:data:`CAPACITY` plans and their layout tensors (an ``id`` is never reused while cached).
+:data:`plan_cache_counts` counts ``"hits"``, ``"misses"`` and ``"capturing"`` (built, not cached).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import fields
+
+from torch import Tensor
+
+from thd._capture import is_capturing
+from thd.cp.plan import PlanRequest, RingPlan, build_plan
+from thd.ops.attention.params import VarlenLayout
+
+__all__ = ["CAPACITY", "clear_plan_cache", "plan_cache_counts", "plan_for"]
+
+CAPACITY = 8
+"""Plans kept (least recently used first out)."""
+
+plan_cache_counts: Counter[str] = Counter()
+"""Calls of :func:`plan_for` per outcome: ``"hits"``, ``"misses"``, ``"capturing"``."""
+
+_plans: OrderedDict[tuple, tuple[tuple, RingPlan]] = OrderedDict()
+_lock = threading.Lock()  # ranks run as threads in some setups (and in the tests)
+_LAYOUT_FIELDS = tuple(field.name for field in fields(VarlenLayout))
+
+
+def plan_for(request: PlanRequest) -> RingPlan:
+    """:func:`~thd.cp.plan.build_plan` of ``request``, or the plan an earlier request on the same,
+    unchanged layout tensors got (module docstring)."""
+    if is_capturing():
+        plan_cache_counts["capturing"] += 1
+        return build_plan(request)
+    layout = request.layout
+    values = tuple(getattr(layout, name) for name in _LAYOUT_FIELDS)
+    key = (
+        tuple((id(v), v._version) if isinstance(v, Tensor) else v for v in values),
+        request.options,
+        request.cp_size,
+        request.cp_rank,
+        request.pad_between_seqs,
+        request.max_slot_q,
+        request.max_slot_kv,
+        request.sinks,
+        request.read_layout,
+    )
+    with _lock:
+        entry = _plans.get(key)
+        if entry is not None and all(a is b for a, b in zip(entry[0], values, strict=True)):
+            _plans.move_to_end(key)
+            plan_cache_counts["hits"] += 1
+            return entry[1]
+    plan = build_plan(request)
+    with _lock:
+        _plans[key] = (values, plan)
+        if len(_plans) > CAPACITY:
+            _plans.popitem(last=False)
+        plan_cache_counts["misses"] += 1
+    return plan
+
+
+def clear_plan_cache() -> None:
+    """Forget every cached plan (and the tensors they hold) and reset the counts."""
+    with _lock:
+        _plans.clear()
+        plan_cache_counts.clear()
