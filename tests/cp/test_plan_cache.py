@@ -103,6 +103,14 @@ def test_capture_never_uses_or_fills_the_cache(monkeypatch: pytest.MonkeyPatch) 
     assert plan_cache_counts == {"misses": 1, "capturing": 2}
 
 
+def test_inference_tensors_are_planned_every_call() -> None:
+    with torch.inference_mode():  # such tensors have no version counter to key on
+        cu, cup = _offsets([0, 5, 9]), _offsets([0, 8, 16])
+        plans = [plan_for(_request(cu, cup)) for _ in range(2)]
+    assert plans[0] is not plans[1] and _same_values(plans[0], plans[1])
+    assert plan_cache_counts == {"uncached": 2}
+
+
 def test_the_cache_keeps_the_last_plans_only() -> None:
     cup = _offsets([0, 8, 16])
     layouts = [_offsets([0, 1 + i % 7, 9]) for i in range(CAPACITY + 1)]

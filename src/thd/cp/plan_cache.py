@@ -10,7 +10,9 @@ offsets to all its attention layers, so every layer after the first skips the pl
 Never under CUDA-graph capture: a captured graph must hold the plan's own kernels, so that a
 replay on new offsets (written into the captured tensors) recomputes it. The cache keeps the last
 :data:`CAPACITY` plans and their layout tensors (an ``id`` is never reused while cached).
-:data:`plan_cache_counts` counts ``"hits"``, ``"misses"`` and ``"capturing"`` (built, not cached).
+:data:`plan_cache_counts` counts ``"hits"``, ``"misses"``, ``"capturing"`` and ``"uncached"``
+(layout tensors made under ``torch.inference_mode``, which keep no version counter): built, not
+cached.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ CAPACITY = 8
 """Plans kept (least recently used first out)."""
 
 plan_cache_counts: Counter[str] = Counter()
-"""Calls of :func:`plan_for` per outcome: ``"hits"``, ``"misses"``, ``"capturing"``."""
+"""Calls of :func:`plan_for` per outcome: ``"hits"``, ``"misses"``, ``"capturing"``, ``"uncached"``."""
 
 _plans: OrderedDict[tuple, tuple[tuple, RingPlan]] = OrderedDict()
 _lock = threading.Lock()  # ranks run as threads in some setups (and in the tests)
@@ -46,6 +48,9 @@ def plan_for(request: PlanRequest) -> RingPlan:
         return build_plan(request)
     layout = request.layout
     values = tuple(getattr(layout, name) for name in _LAYOUT_FIELDS)
+    if any(isinstance(v, Tensor) and v.is_inference() for v in values):  # no version counter
+        plan_cache_counts["uncached"] += 1
+        return build_plan(request)
     key = (
         tuple((id(v), v._version) if isinstance(v, Tensor) else v for v in values),
         request.options,
