@@ -142,3 +142,44 @@ def test_ring_calls_on_the_same_offsets_share_one_plan(monkeypatch: pytest.Monke
     fresh = call(_offsets([0, 12, 16]))
     for name, a, b, c in zip(("out", "dq", "dk", "dv"), first, second, fresh, strict=True):
         assert torch.equal(a, b) and torch.equal(a, c), name
+
+
+@pytest.mark.gpu
+def test_graph_replay_on_new_offsets_after_cached_eager_calls_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager ring calls on the offsets first (their plan cached), then a CUDA-graph capture: the graph
+    holds its own plan kernels, so a replay after new offsets are copied into the captured tensors
+    equals an eager call on those offsets (a graph replaying the cached plan would not). One rank of
+    2 alone: its exchanges hand it back its own blocks, copies the graph captures."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    comm = SelfComm(2, 0)
+    one_rank_ring(monkeypatch, lambda: comm)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(64, 4, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    cup = torch.tensor([0, 64, 128], dtype=torch.int32, device="cuda")  # two slots of 64 rows
+    batches = [[0, 40, 100], [0, 64, 71], [0, 8, 72]]
+    cu = torch.tensor(batches[0], dtype=torch.int32, device="cuda")
+
+    bounds = {"max_seqlen_q": 64, "max_seqlen_kv": 64}
+
+    def step() -> Tensor:
+        with torch.no_grad():
+            return ring_attention(q, k, v, cu, cu, cup, cup, causal=True, pad_between_seqs=True, **bounds)
+
+    for _ in range(2):
+        step()
+    assert plan_cache_counts["hits"] >= 1
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    assert plan_cache_counts["capturing"] == 1
+    for values in batches[1:]:
+        cu.copy_(torch.tensor(values, dtype=torch.int32, device="cuda"))
+        graph.replay()
+        want = step()  # eager: the write moved cu's version, so a plan of these values
+        assert torch.equal(out, want), f"replay on offsets {values} differs from the eager call"
