@@ -28,7 +28,7 @@ echo "== tests, THD_KERNELS=prefer-gluon $(date +%T)"
 THD_KERNELS=prefer-gluon PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 520)" python3 -m pytest -q -m gpu \
   -p no:cacheprovider -k "not autotuned" --timeout 120 tests/ops/gluon tests/ops/test_attention_gpu.py \
   tests/ops/test_attention_fa4_gpu.py tests/ops/test_attention_variants_gpu.py tests/ops/test_attention_accumulate.py \
-  tests/ops/test_fast_launch.py tests/cp/test_ring.py tests/cp/test_ring_variants.py 2>&1 | tail -15
+  tests/ops/test_fast_launch.py tests/cp/test_plan_cache.py tests/cp/test_ring.py tests/cp/test_ring_variants.py 2>&1 | tail -15
 echo "== memcheck, Gluon bounds $(date +%T)"
 PYTHONPATH=src:. timeout "$(left 590)" compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q \
   -m gpu -p no:cacheprovider tests/ops/test_attention_bounds.py -k gluon 2>&1 | tail -4
