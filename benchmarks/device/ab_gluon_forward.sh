@@ -13,11 +13,13 @@ ROWS=${AB_ROWS:-"128,16384:256-4096 128,32768:512-8192 128,16384:64-1024 64,3276
 OUT=${OUT:-/tmp/ab}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader
 echo "== exp: Gluon forward GPU tests"
-PYTHONPATH=$EXP:. python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 120 tests/ops/gluon/test_forward_gpu.py 2>&1 | tail -3
+# a kernel that hangs is cut by `timeout` (the call's own limit would take the whole lease)
+PYTHONPATH=$EXP:. timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 120 \
+  tests/ops/gluon/test_forward_gpu.py 2>&1 | tail -3 || { echo "exp: forward tests failed or hung"; exit 1; }
 for i in $(seq "$ROUNDS"); do
   for tree in base exp; do
     src=src; [ "$tree" = exp ] && src=$EXP
-    PYTHONPATH=$src:. python3 benchmarks/bench_gluon.py --out "$OUT/ab-$tree-$i.json" --commit "$tree" \
+    PYTHONPATH=$src:. timeout 150 python3 benchmarks/bench_gluon.py --out "$OUT/ab-$tree-$i.json" --commit "$tree" \
       --rep-ms 40 --rows $ROWS > /dev/null 2>&1 || echo "$tree round $i failed"
   done
 done
