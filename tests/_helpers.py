@@ -6,7 +6,7 @@ tests never validate the library with its own index math.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -317,3 +317,16 @@ def reference64(
         pieces = [part[name] for part in parts]
         result[name] = None if pieces[0] is None else torch.cat(pieces, dim=dims[name])  # type: ignore[arg-type]
     return result
+
+
+def capture_graph(step: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    """``step`` warmed up (compiled) on a side stream, then captured: the graph and its output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import torch
 from torch import Tensor
 
 TIMEOUT_S = 300.0
@@ -170,3 +171,15 @@ def one_rank_ring(monkeypatch: pytest.MonkeyPatch, comm: Callable[[], Any]) -> N
     monkeypatch.setattr(ring_mod, "resolve_group", lambda fn, group: group)
     monkeypatch.setattr(ring_mod, "ring_comm", lambda group, like: comm())
     monkeypatch.setattr(ring_mod, "_host_reads_allowed", lambda *args: False)
+
+
+def rank0_of_two_alone(monkeypatch: pytest.MonkeyPatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Rank 0 of a 2-rank ring run alone on the tl kernels (CPU: the interpreter), through
+    :class:`SelfComm`; its ``q, k, v, do``: that rank's half of 16 rows, 2 heads of 16, seeded."""
+    monkeypatch.setenv("THD_ATTENTION_BACKEND", "triton")
+    monkeypatch.setenv("THD_KERNELS", "tl")
+    comm = SelfComm(2, 0)
+    one_rank_ring(monkeypatch, lambda: comm)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(8, 2, 16, generator=gen) for _ in range(4))
+    return q, k, v, do

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 
+from tests._helpers import capture_graph
 from thd.cp import (
     document_attention,
     document_layout,
@@ -84,19 +83,6 @@ def test_errors() -> None:
         document_attention(q, q, q, plan)  # type: ignore[arg-type]
 
 
-def _capture(step: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """``step`` warmed up (compiled) on a side stream, then captured: the graph and its output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    return graph, out
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_partition_and_local_attention_under_cuda_graph_gpu() -> None:
@@ -114,7 +100,7 @@ def test_partition_and_local_attention_under_cuda_graph_gpu() -> None:
         q = partition_documents(x, static)
         return document_attention(q, q, q, static, causal=True)
 
-    graph, out = _capture(step)
+    graph, out = capture_graph(step)
     for layout in layouts:
         static.index.copy_(layout.index)
         static.valid.copy_(layout.valid)
@@ -146,7 +132,7 @@ def test_overlapped_document_attention_under_cuda_graph_gpu(monkeypatch: pytest.
         with torch.no_grad():
             return document_attention(q, k, v, layout, causal=True)
 
-    graph, out = _capture(step)
+    graph, out = capture_graph(step)
     for seed in (0, 1):
         if seed:
             for t in (q, k, v):

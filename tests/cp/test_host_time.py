@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from _dist import spawn
 
-from tests.cp._thread_ring import SelfComm, one_rank_ring
+from tests.cp._thread_ring import rank0_of_two_alone
 from thd._runtime import config
 from thd.cp import comm as comm_mod
 from thd.cp import partition, ring_attention
@@ -138,12 +138,7 @@ def test_ring_launches_reuse_cached_plans_across_calls(
     """The ring makes new layout tensors (and options) on every call: its launches find the plans
     the first call made (none is added), and a call served from the plans of other document
     boundaries gives, bitwise, what it gives with plans of its own (rank 0 of 2, alone)."""
-    monkeypatch.setenv("THD_ATTENTION_BACKEND", "triton")
-    monkeypatch.setenv("THD_KERNELS", "tl")
-    comm = SelfComm(2, 0)
-    one_rank_ring(monkeypatch, lambda: comm)
-    gen = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(8, 2, 16, generator=gen) for _ in range(4))  # rank 0's half of 16 rows
+    q, k, v, do = rank0_of_two_alone(monkeypatch)
 
     def call(boundaries: list[int]) -> list[torch.Tensor]:
         cu = torch.tensor(boundaries, dtype=torch.int32)  # a new tensor each call; slots of 4k rows

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from tests.cp._thread_ring import SelfComm, one_rank_ring
+from tests._helpers import capture_graph
+from tests.cp._thread_ring import SelfComm, one_rank_ring, rank0_of_two_alone
 from thd._runtime import config
 from thd.cp import plan_cache, ring_attention
 from thd.cp.plan import PlanRequest, RingPlan, build_plan
@@ -124,12 +125,7 @@ def test_the_cache_keeps_the_last_plans_only() -> None:
 def test_ring_calls_on_the_same_offsets_share_one_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ring calls on the same offsets tensors (two layers of one step; rank 0 of 2, alone):
     the second reuses the first's plan and gives, bitwise, what a call on new tensors gives."""
-    monkeypatch.setenv("THD_ATTENTION_BACKEND", "triton")
-    monkeypatch.setenv("THD_KERNELS", "tl")
-    comm = SelfComm(2, 0)
-    one_rank_ring(monkeypatch, lambda: comm)
-    gen = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(8, 2, 16, generator=gen) for _ in range(4))  # rank 0's half of 16 rows
+    q, k, v, do = rank0_of_two_alone(monkeypatch)
 
     def call(cu: Tensor) -> list[Tensor]:
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -169,14 +165,7 @@ def test_graph_replay_on_new_offsets_after_cached_eager_calls_gpu(monkeypatch: p
     for _ in range(2):
         step()
     assert plan_cache_counts["hits"] >= 1
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = capture_graph(step)
     assert plan_cache_counts["capturing"] == 1
     for values in batches[1:]:
         cu.copy_(torch.tensor(values, dtype=torch.int32, device="cuda"))

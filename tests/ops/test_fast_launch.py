@@ -679,67 +679,12 @@ def test_attention_kernels_launch_through_the_fast_path(
     launch.clear_plans()
 
 
-@pytest.mark.gpu
-def test_gpu_attention_through_fast_path_matches_normal_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """thd.attention forward and backward: the same bits with cached launches as without."""
+def _check_fast_path_bits(monkeypatch: pytest.MonkeyPatch, launchers: list[KernelLauncher]) -> None:
+    """``thd.attention`` forward and backward (deterministic) three times with cached launches
+    (``THD_FAST_LAUNCH=verify``) and once without: the same bits, and the uncached call makes no
+    fast launch on ``launchers``. Undoes ``monkeypatch`` (and what the caller set with it)."""
     import thd
-    from thd.ops.attention import launch
 
-    if not hasattr(launch, "LAUNCHERS"):
-        pytest.skip("launch.py does not route its launches through fast_launch (/tmp/fast_launch.patch)")
-    cu = torch.tensor([0, 100, 180, 300], dtype=torch.int32, device="cuda")
-    cup = torch.tensor([0, 128, 256, 384], dtype=torch.int32, device="cuda")
-    q = torch.randn(384, 8, 128, device="cuda", dtype=torch.bfloat16)
-    k, v = torch.randn(2, 384, 2, 128, device="cuda", dtype=torch.bfloat16)
-    do = torch.randn_like(q)
-    kw = {"cu_seqlens_q_padded": cup, "cu_seqlens_kv_padded": cup, "max_seqlen_q": 120, "max_seqlen_kv": 120}
-
-    def run() -> list[torch.Tensor]:
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        out = thd.attention(*leaves, cu, cu, causal=True, deterministic=True, **kw)
-        out.backward(do)
-        return [out.detach(), *(t.grad for t in leaves)]  # type: ignore[misc]
-
-    launchers = list(launch.LAUNCHERS.values())  # the attention kernels and the preprocess
-    try:
-        monkeypatch.setenv("THD_FAST_LAUNCH", "verify")
-        fast_launch.reload_settings()
-        assert fast_launch.enabled(), f"fast path off with Triton {triton.__version__}"
-        fast = [run() for _ in range(3)]
-        monkeypatch.setenv("THD_FAST_LAUNCH", "0")
-        fast_launch.reload_settings()
-        before = [launcher.fast_launches for launcher in launchers]
-        normal = run()
-        assert [launcher.fast_launches for launcher in launchers] == before
-    finally:
-        monkeypatch.undo()
-        fast_launch.reload_settings()
-    for result in fast:
-        for got, want in zip(result, normal, strict=True):
-            assert torch.equal(got, want)
-    used = [launcher for launcher in launchers if launcher.normal_launches]
-    assert all(launcher.fallbacks == 0 and launcher.fast_launches >= 2 for launcher in used), used
-
-
-@pytest.mark.gpu
-def test_gpu_gluon_attention_through_fast_path_matches_normal_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Gluon family's launches (work list, forward, preprocess, dK/dV, dQ) through the cached
-    path: the same bits as through ``fn[grid]``, every launch after the first of a key cached."""
-    import thd
-    from thd._runtime.launcher import launcher_for
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon kernels need an sm_90 GPU")
-    from thd.ops.attention.gluon import backward_kernel, forward_kernel, schedule
-
-    kernels = (
-        schedule.build_work_list,
-        forward_kernel.attention_fwd_kernel,
-        backward_kernel._preprocess_kernel,
-        backward_kernel._dkdv_kernel,
-        backward_kernel._dq_kernel,
-    )
-    launchers = [launcher_for(kernel) for kernel in kernels]
     cu = torch.tensor([0, 100, 180, 300], dtype=torch.int32, device="cuda")
     cup = torch.tensor([0, 128, 256, 384], dtype=torch.int32, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -755,7 +700,6 @@ def test_gpu_gluon_attention_through_fast_path_matches_normal_path(monkeypatch: 
         return [out.detach(), *(t.grad for t in leaves)]  # type: ignore[misc]
 
     try:
-        monkeypatch.setenv("THD_KERNELS", "gluon")
         monkeypatch.setenv("THD_FAST_LAUNCH", "verify")
         fast_launch.reload_settings()
         assert fast_launch.enabled(), f"fast path off with Triton {triton.__version__}"
@@ -771,6 +715,41 @@ def test_gpu_gluon_attention_through_fast_path_matches_normal_path(monkeypatch: 
     for result in fast:
         for got, want in zip(result, normal, strict=True):
             assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_gpu_attention_through_fast_path_matches_normal_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """thd.attention forward and backward: the same bits with cached launches as without."""
+    from thd.ops.attention import launch
+
+    if not hasattr(launch, "LAUNCHERS"):
+        pytest.skip("launch.py does not route its launches through fast_launch (/tmp/fast_launch.patch)")
+    launchers = list(launch.LAUNCHERS.values())  # the attention kernels and the preprocess
+    _check_fast_path_bits(monkeypatch, launchers)
+    used = [launcher for launcher in launchers if launcher.normal_launches]
+    assert all(launcher.fallbacks == 0 and launcher.fast_launches >= 2 for launcher in used), used
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_attention_through_fast_path_matches_normal_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Gluon family's launches (work list, forward, preprocess, dK/dV, dQ) through the cached
+    path: the same bits as through ``fn[grid]``, every launch after the first of a key cached."""
+    from thd._runtime.launcher import launcher_for
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels need an sm_90 GPU")
+    from thd.ops.attention.gluon import backward_kernel, forward_kernel, schedule
+
+    kernels = (
+        schedule.build_work_list,
+        forward_kernel.attention_fwd_kernel,
+        backward_kernel._preprocess_kernel,
+        backward_kernel._dkdv_kernel,
+        backward_kernel._dq_kernel,
+    )
+    launchers = [launcher_for(kernel) for kernel in kernels]
+    monkeypatch.setenv("THD_KERNELS", "gluon")
+    _check_fast_path_bits(monkeypatch, launchers)
     assert all(launcher.fallbacks == 0 and launcher.fast_launches >= 2 for launcher in launchers), launchers
 
 

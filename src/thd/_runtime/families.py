@@ -150,6 +150,10 @@ class FamilyRegistry:
             return family
         reason = f"{name} unavailable" if family is None else f"{name} does not support the call"
         self._last[phase] = Choice(self.default_name, reason)
+        return self._default()
+
+    def _default(self) -> Any:
+        """The default family (loaded on first use)."""
         return self._loaded.get(self.default_name) or self.family(self.default_name)
 
     def _auto(self, phase: str, x: Tensor, call: tuple) -> Any:
@@ -169,7 +173,7 @@ class FamilyRegistry:
                 self._last[phase] = Choice(name, "auto")
                 return family
             reason = f"{name} measured slower for the call"
-        default = self._loaded.get(self.default_name) or self.family(self.default_name)
+        default = self._default()
         choice = self._last.get(phase)
         if choice is None or choice.family != self.default_name or choice.reason != reason:
             self._last[phase] = Choice(self.default_name, reason)
