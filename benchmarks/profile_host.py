@@ -11,6 +11,10 @@ causal, ``max_seqlen_*`` given) on CPU tensors, forced onto the ``tl`` kernel fa
   the GPU would record the compiled kernel. It needs a Triton the launcher reviewed (3.6 / 3.9).
 - ``stub``: ``KernelLauncher.run`` itself is a no-op (what is left is thd's work above the launcher).
 
+``--family gluon`` takes the Gluon kernels' host path instead (``THD_KERNELS=gluon``): CPU tensors
+pass for an sm_90 device of 132 SMs (the wrappers' device checks are replaced), which needs a
+Triton with Gluon; the work-list kernel's launch is stubbed like the others.
+
 ``--offsets fresh`` passes a new copy of the offsets each call (as a data loader does per batch).
 
 ``--ring CP`` times ``thd.cp.ring_attention`` instead, as rank 0 of a ``CP``-rank ring run alone
@@ -134,6 +138,22 @@ def call_fn(p: SimpleNamespace, mode: str, fresh_offsets: bool, ring: int = 0) -
 
 
 @contextmanager
+def as_gluon_device() -> Iterator[None]:
+    """The Gluon wrappers take CPU tensors as on an sm_90 GPU of 132 SMs (``--family gluon``)."""
+    import pytest
+
+    from thd.ops.attention.gluon import backward as gluon_backward
+    from thd.ops.attention.gluon import forward as gluon_forward
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (gluon_forward, gluon_backward):
+            patch.setattr(module, "on_gluon_device", lambda t: True)
+        patch.setattr(gluon_forward, "num_sms", lambda index: 132)
+        patch.setattr(gluon_forward, "device_index", lambda device: 0)
+        yield
+
+
+@contextmanager
 def alone_in_ring(cp: int) -> Iterator[None]:
     """``thd.cp.ring_attention`` runs as rank 0 of ``cp`` ranks in this thread, with no process
     group, no validation reads and exchanges that move nothing (the launches are stubbed too)."""
@@ -194,6 +214,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with stubbed_launches(args.launcher), ExitStack() as stack:
         if args.ring:
             stack.enter_context(alone_in_ring(args.ring))
+        if args.family == "gluon":
+            stack.enter_context(as_gluon_device())
         fns = {mode: call_fn(p, mode, args.offsets == "fresh", args.ring) for mode in args.modes}
         for mode, fn in fns.items():
             for _ in range(20):  # first calls: imports, caches, first launches
@@ -227,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--launcher", default="fast", choices=("fast", "stub"))
     parser.add_argument(
+        "--family", default="tl", choices=("tl", "gluon"), help="the kernel family whose host path runs"
+    )
+    parser.add_argument(
         "--offsets", default="same", choices=("same", "fresh"), help="fresh: new offset tensors each call"
     )
     parser.add_argument(
@@ -250,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("profile_host: unset TRITON_INTERPRET (the launches are stubbed, not interpreted)")
-    os.environ.update(ENV)
+    os.environ.update(ENV, THD_KERNELS=args.family)
     results = measure(args)
     for mode in args.modes:
         r = results[mode]

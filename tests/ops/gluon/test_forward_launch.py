@@ -5,6 +5,8 @@ to the launch fails here instead of on the GPU."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -15,6 +17,8 @@ from thd.ops.attention.gluon import forward_kernel
 from thd.ops.attention.params import AttentionOptions, ForwardCall, VarlenLayout
 
 LAUNCH_OPTIONS = {"num_warps", "maxnreg"}
+WORK_LIST_AT = list(forward_kernel.attention_fwd_kernel.arg_names).index("seq_ptr")
+"""Where the work list (``seq, blk, count``) sits in the kernel's arguments."""
 
 
 class _Recorder:
@@ -53,3 +57,99 @@ def test_forward_launch_passes_every_kernel_parameter(
     assert kwargs["SLOTS"] is padded
     assert kwargs["HEAD_DIM"] == head_dim
     assert len(grid) == 1 and 1 <= grid[0] <= 4
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
+    """The kernel replaced by a recorder on a 4-SM device, with no plan cached before or after."""
+    recorder = _Recorder()
+    monkeypatch.setattr(forward_kernel, "attention_fwd_kernel", recorder)
+    monkeypatch.setattr(gluon_forward, "num_sms", lambda index: 4)
+    monkeypatch.setattr(gluon_forward, "device_index", lambda device: 0)
+    gluon_forward.clear_plans()
+    yield recorder
+    gluon_forward.clear_plans()
+
+
+def _batch(seed: int, lengths: tuple[int, ...], head_dim: int = 128) -> tuple[torch.Tensor, ...]:
+    """New ``q, k, v`` and offsets of ``lengths`` (new tensor objects every time)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = sum(lengths)
+    q, k, v = (torch.randn(rows, 4, head_dim, dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, v, cu
+
+
+def _launch_of(recorder: _Recorder, q, k, v, cu, options: AttentionOptions) -> tuple:  # type: ignore[no-untyped-def]
+    """The recorded launch of one forward: grid, keywords, the arguments with each tensor as
+    (shape, stride, dtype, values of the int32 ones: the work list up to its count), and the
+    identities of the launch's inputs and offsets beside the call's."""
+    gluon_forward.forward(ForwardCall(q, k, v, VarlenLayout(cu, cu), options))
+    grid, args, kwargs = recorder.calls[-1]
+    seq_at = WORK_LIST_AT
+    count = int(args[seq_at + 2][0])
+    shown = tuple(
+        (a.shape, a.stride(), a.dtype, a.tolist()[: count if seq_at <= i < seq_at + 2 else None])
+        if isinstance(a, torch.Tensor) and a.dtype == torch.int32
+        else (a.shape, a.stride(), a.dtype)
+        if isinstance(a, torch.Tensor)
+        else a
+        for i, a in enumerate(args)
+    )
+    identities = tuple(id(a) for a in args[:3]) + (id(args[6]),)
+    return grid, kwargs, shown, identities, (id(q), id(k), id(v), id(cu))
+
+
+def test_a_call_with_new_tensors_of_the_same_shapes_reuses_the_plan(recorded: _Recorder) -> None:
+    """Oracle: the launch a fresh plan makes for the same call (plans cleared first)."""
+    options = AttentionOptions(128**-0.5, causal=True)
+    _launch_of(recorded, *_batch(0, (70, 130)), options)
+    assert gluon_forward.plan_count() == 1
+    second = _batch(1, (150, 50))  # other offsets' values, same length: the plan's key is equal
+    reused = _launch_of(recorded, *second, options)
+    assert gluon_forward.plan_count() == 1
+    gluon_forward.clear_plans()
+    fresh = _launch_of(recorded, *second, options)
+    assert reused == fresh
+    assert reused[3] == reused[4]  # the launch took this call's inputs and offsets
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"softcap": 30.0},
+        {"window_size": (64, 0)},
+        {"softmax_scale": 0.25},
+    ],
+    ids=["softcap", "window", "scale"],
+)
+def test_other_options_make_their_own_plan(recorded: _Recorder, change: dict) -> None:
+    base = {"softmax_scale": 128**-0.5, "causal": True}
+    q, k, v, cu = _batch(0, (70, 130))
+    first = _launch_of(recorded, q, k, v, cu, AttentionOptions(**base))
+    options = AttentionOptions(**{**base, **change})
+    changed = _launch_of(recorded, q, k, v, cu, options)
+    assert gluon_forward.plan_count() == 2
+    assert changed[:3] != first[:3]
+    gluon_forward.clear_plans()
+    assert changed == _launch_of(recorded, q, k, v, cu, options)
+
+
+def test_a_changed_tile_table_makes_a_new_plan(recorded: _Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    options = AttentionOptions(128**-0.5, causal=True)
+    batch = _batch(0, (70, 130))
+    _launch_of(recorded, *batch, options)
+    other = gluon_forward.GluonTile(64, 64, 4, 2, consumers=1)
+    monkeypatch.setitem(gluon_forward.TILES, 128, other)
+    _, kwargs, *_ = _launch_of(recorded, *batch, options)
+    assert (kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["NUM_WG"]) == (64, 64, 1)
+
+
+def test_a_zero_scale_is_never_cached(recorded: _Recorder) -> None:
+    """0.0 and -0.0 are equal options but not one scale: each call launches with its own sign."""
+    batch = _batch(0, (70, 130))
+    for scale in (0.0, -0.0, 0.0):
+        _launch_of(recorded, *batch, AttentionOptions(scale, causal=True))
+        assert gluon_forward.plan_count() == 0
+        passed = next(a for a in recorded.calls[-1][1] if isinstance(a, float))  # the first float: the scale
+        assert math.copysign(1.0, passed) == math.copysign(1.0, scale)

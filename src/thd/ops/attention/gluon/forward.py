@@ -10,11 +10,12 @@ is for the ``tl`` kernels; the caller asks :func:`supports_forward` first.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from thd._runtime.launcher import ensure_scratch_allocator, launcher_for
+from thd._runtime.launcher import KernelLauncher, ensure_scratch_allocator, launcher_for
 from thd.ops.attention.buffers import forward_outputs
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
@@ -28,7 +29,16 @@ from thd.ops.attention.gluon.host import (
 )
 from thd.ops.attention.params import ForwardCall, VarlenLayout
 
-__all__ = ["GluonTile", "TILES", "forward", "supports_forward", "tile_for"]
+__all__ = [
+    "PLAN_LIMIT",
+    "GluonTile",
+    "TILES",
+    "clear_plans",
+    "forward",
+    "plan_count",
+    "supports_forward",
+    "tile_for",
+]
 
 
 @dataclass(frozen=True)
@@ -72,33 +82,6 @@ def tile_for(head_dim: int, head_dim_v: int) -> GluonTile:
     return TILES[max(head_dim, head_dim_v)]
 
 
-def _work_list(layout: VarlenLayout, num_rows: int, block_m: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(seq, blk, count)`` of :func:`schedule.build_work_list` in one int32 allocation; its
-    capacity bounds the query tiles of any valid layout (``rows / block_m + sequences``)."""
-    from thd.ops.attention.gluon.schedule import build_work_list
-
-    num_seqs = layout.num_seqs
-    capacity = num_rows // block_m + num_seqs + 1
-    buffer = torch.empty(2 * capacity + 1, dtype=torch.int32, device=layout.cu_seqlens_q.device)
-    seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
-    launcher_for(build_work_list).run(
-        (num_seqs,),
-        layout.cu_seqlens_q,
-        layout.slots_q,
-        seq,
-        blk,
-        count,
-        num_seqs,
-        num_rows,
-        capacity,
-        BLOCK_M=block_m,
-        BLOCK_B=64,
-        BLOCK_T=32,
-        num_warps=4,
-    )
-    return seq, blk, count
-
-
 def _copyable(t: Tensor) -> bool:
     """Whether TMA can read ``[T, H, D]`` rows of ``t`` per head: unit last stride, 16-byte
     aligned data, row and head strides."""
@@ -126,6 +109,159 @@ def supports_forward(call: ForwardCall) -> bool:
     return all(_copyable(t) for t in (q, k, v))
 
 
+class _WorkListLaunch(NamedTuple):
+    """The work-list kernel's launch of a plan: its grid, the sizes after its tensors, keywords."""
+
+    grid: tuple[int]
+    tail: tuple[int, int, int]
+    keywords: dict
+
+
+class _ForwardPlan(NamedTuple):
+    """Everything of a forward's two launches but the call's tensors, fixed by the plan's key
+    (:func:`_plan_key`): the work list's capacity and launch, the kernel's grid, the arguments
+    after its tensors (sizes, strides, scores) and its keywords; ``tile`` is the table's entry
+    the plan was made from (a changed table makes a new plan)."""
+
+    tile: GluonTile
+    capacity: int
+    work_list: _WorkListLaunch
+    grid: tuple[int]
+    tail: tuple
+    keywords: dict
+
+
+_PLANS: dict[tuple, _ForwardPlan] = {}
+PLAN_LIMIT = 256
+"""Plans kept; a full table is cleared (a model makes a handful)."""
+
+
+def clear_plans() -> None:
+    """Forget every cached forward plan."""
+    _PLANS.clear()
+
+
+def plan_count() -> int:
+    """How many forward plans are cached."""
+    return len(_PLANS)
+
+
+def _plan_key(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple:
+    """What a plan depends on besides the tensors' identities: the offsets' length, which optional
+    layout tensors are given, the options (by value), shapes, strides, dtype, device, and whether
+    sinks and an accumulator are given."""
+    q, k, v, layout, options, sinks, accumulate = call
+    return (
+        layout.cu_seqlens_q.shape[0],
+        layout.cu_seqlens_q_padded is None,
+        layout.positions_q is None or layout.positions_kv is None,
+        options,
+        q.shape,
+        q.stride(),
+        k.shape,
+        k.stride(),
+        v.shape,
+        v.stride(),
+        out.stride(),
+        lse.stride(),
+        q.dtype,
+        q.device,
+        sinks is None,
+        accumulate is None,
+    )
+
+
+def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> _ForwardPlan:
+    q, k, v, layout, options, sinks, accumulate = call
+    num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], layout.num_seqs
+    # the work list's capacity bounds the query tiles of any valid layout: rows / block_m + sequences
+    capacity = num_rows // tile.block_m + num_seqs + 1
+    work_list = _WorkListLaunch(
+        (num_seqs,),
+        (num_seqs, num_rows, capacity),
+        {"BLOCK_M": tile.block_m, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
+    )
+    grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, capacity * num_heads),)
+    tail = (
+        num_seqs,
+        num_heads,
+        num_rows,
+        k.shape[0],
+        *row_strides(q, k, v, out),
+        lse.stride(0),
+        options.softmax_scale,
+        options.softcap if options.softcap > 0.0 else 1.0,
+        max(options.window_left, 0),
+        max(options.window_right, 0),
+    )
+    keywords = {
+        "GROUP": num_heads // k.shape[1],
+        "HEAD_DIM": q.shape[2],
+        "HEAD_DIM_V": v.shape[2],
+        "HAS_POSITIONS": layout.positions_q is not None and layout.positions_kv is not None,
+        "HAS_LEFT": options.window_left >= 0,
+        "HAS_RIGHT": options.window_right >= 0,
+        "SOFTCAP": options.softcap > 0.0,
+        "HAS_SINKS": sinks is not None,
+        "ACCUMULATE": accumulate is not None,
+        "FOLD_SCALE": options.softmax_scale > 0.0 and options.softcap <= 0.0,
+        "BLOCK_M": tile.block_m,
+        "BLOCK_N": tile.block_n,
+        "STAGES": tile.stages,
+        "PRODUCER_REGS": tile.producer_regs,
+        "NUM_WG": tile.consumers,
+        "CONSUMER_REGS": tile.consumer_regs,
+        "SLOTS": layout.cu_seqlens_q_padded is not None,
+        "num_warps": tile.num_warps,
+        "maxnreg": tile.maxnreg,
+    }
+    return _ForwardPlan(tile, capacity, work_list, grid, tail, keywords)
+
+
+def _plan(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple[_ForwardPlan, bool]:
+    """The call's plan, and whether an earlier call made it (else it is made now)."""
+    tile = tile_for(call.q.shape[2], call.v.shape[2])
+    key = _plan_key(call, out, lse)
+    found = _PLANS.get(key)
+    if found is not None and found.tile is tile:
+        return found, True
+    plan = _make_plan(call, out, lse, tile)
+    if call.options.softmax_scale != 0.0:  # 0.0 and -0.0 are equal options but not one scale
+        if len(_PLANS) >= PLAN_LIMIT:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan, False
+
+
+def _launch(
+    launcher: KernelLauncher,
+    token: object,
+    grid: tuple,
+    head: tuple,
+    tail: tuple,
+    keywords: dict,
+    reused: bool,
+) -> None:
+    """One launch of a plan: by its fixed parts when the plan served an earlier call, else by the
+    whole argument list (a plan seen once takes no record of the launcher's)."""
+    if reused:
+        launcher.run_fixed(token, grid, head, tail, keywords)
+    else:
+        launcher.run(grid, *head, *tail, **keywords)
+
+
+def _work_list(layout: VarlenLayout, plan: _ForwardPlan, reused: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``(seq, blk, count)`` of :func:`schedule.build_work_list` in one int32 allocation."""
+    from thd.ops.attention.gluon.schedule import build_work_list
+
+    capacity, launch = plan.capacity, plan.work_list
+    buffer = torch.empty(2 * capacity + 1, dtype=torch.int32, device=layout.cu_seqlens_q.device)
+    seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
+    head = (layout.cu_seqlens_q, layout.slots_q, seq, blk, count)
+    _launch(launcher_for(build_work_list), launch, launch.grid, head, launch.tail, launch.keywords, reused)
+    return seq, blk, count
+
+
 def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     """One launch: ``(out, lse)``, padding rows written as 0 / -inf by the kernel.
 
@@ -135,10 +271,9 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     """
     from thd.ops.attention.gluon.forward_kernel import attention_fwd_kernel
 
-    q, k, v, layout, options, sinks, accumulate = call
-    num_rows, num_heads = q.shape[0], q.shape[1]
+    q, k, v, layout, _, sinks, accumulate = call
     out, lse = forward_outputs(call)
-    if num_rows == 0:
+    if q.shape[0] == 0:
         return out, lse
     if layout.num_seqs == 0:  # every row is tail capacity
         if accumulate is None:
@@ -146,51 +281,9 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
             lse.fill_(float("-inf"))
         return out, lse
     ensure_scratch_allocator()
-    tile = tile_for(q.shape[2], v.shape[2])
-    positions, layout_args = sequence_args(layout)
-    softcap = options.softcap if options.softcap > 0.0 else 1.0
-    seq, blk, count = _work_list(layout, num_rows, tile.block_m)
-    grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, seq.shape[0] * num_heads),)
-    launcher_for(attention_fwd_kernel).run(
-        grid,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        q if sinks is None else sinks,
-        *layout_args,
-        seq,
-        blk,
-        count,
-        layout.num_seqs,
-        num_heads,
-        num_rows,
-        k.shape[0],
-        *row_strides(q, k, v, out),
-        lse.stride(0),
-        options.softmax_scale,
-        softcap,
-        max(options.window_left, 0),
-        max(options.window_right, 0),
-        GROUP=num_heads // k.shape[1],
-        HEAD_DIM=q.shape[2],
-        HEAD_DIM_V=v.shape[2],
-        HAS_POSITIONS=positions,
-        HAS_LEFT=options.window_left >= 0,
-        HAS_RIGHT=options.window_right >= 0,
-        SOFTCAP=options.softcap > 0.0,
-        HAS_SINKS=sinks is not None,
-        ACCUMULATE=accumulate is not None,
-        FOLD_SCALE=options.softmax_scale > 0.0 and options.softcap <= 0.0,
-        BLOCK_M=tile.block_m,
-        BLOCK_N=tile.block_n,
-        STAGES=tile.stages,
-        PRODUCER_REGS=tile.producer_regs,
-        NUM_WG=tile.consumers,
-        CONSUMER_REGS=tile.consumer_regs,
-        SLOTS=layout.cu_seqlens_q_padded is not None,
-        num_warps=tile.num_warps,
-        maxnreg=tile.maxnreg,
-    )
+    plan, reused = _plan(call, out, lse)
+    seq, blk, count = _work_list(layout, plan, reused)
+    _, layout_args = sequence_args(layout)
+    head = (q, k, v, out, lse, q if sinks is None else sinks, *layout_args, seq, blk, count)
+    _launch(launcher_for(attention_fwd_kernel), plan, plan.grid, head, plan.tail, plan.keywords, reused)
     return out, lse
