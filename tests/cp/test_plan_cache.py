@@ -8,6 +8,7 @@ same values, another request or CUDA-graph capture must each build anew.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import fields
 
 import pytest
 import torch
@@ -172,3 +173,28 @@ def test_graph_replay_on_new_offsets_after_cached_eager_calls_gpu(monkeypatch: p
         graph.replay()
         want = step()  # eager: the write moved cu's version, so a plan of these values
         assert torch.equal(out, want), f"replay on offsets {values} differs from the eager call"
+
+
+def test_every_layout_field_takes_part_in_the_key() -> None:
+    """A request that differs from a cached one in any one field of its layout (another tensor
+    object with the same values, a bound, a tensor given or left out) builds anew: a field added
+    to VarlenLayout but not to the cache's key fails here."""
+    cu, cup, pos = _offsets([0, 5, 9]), _offsets([0, 8, 16]), _offsets([0, 0])
+    options = AttentionOptions(0.5, causal=False)
+    base = {
+        f.name: getattr(VarlenLayout(cu, cu, cup, cup, 9, 9, pos, pos), f.name) for f in fields(VarlenLayout)
+    }
+
+    def request(layout: dict) -> PlanRequest:
+        return PlanRequest(VarlenLayout(**layout), options, cp_size=2, cp_rank=0, pad_between_seqs=True)
+
+    first = plan_for(request(base))
+    assert plan_for(request(dict(base))) is first
+    for name, value in base.items():
+        other = value.clone() if isinstance(value, Tensor) else value + 1
+        changed = {**base, name: other}
+        assert plan_for(request(changed)) is not first, name
+        clear_plan_cache()
+        first = plan_for(request(base))
+    for pair in (("cu_seqlens_q_padded", "cu_seqlens_kv_padded"), ("positions_q", "positions_kv")):
+        assert plan_for(request({**base, pair[0]: None, pair[1]: None})) is not first, pair

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from dataclasses import fields
 
 from torch import Tensor
 
 from thd._capture import is_capturing
 from thd.cp.plan import PlanRequest, RingPlan, build_plan
-from thd.ops.attention.params import VarlenLayout
 
 __all__ = ["CAPACITY", "clear_plan_cache", "plan_cache_counts", "plan_for"]
 
@@ -37,7 +35,6 @@ plan_cache_counts: Counter[str] = Counter()
 
 _plans: OrderedDict[tuple, tuple[tuple, RingPlan]] = OrderedDict()
 _lock = threading.Lock()  # ranks run as threads in some setups (and in the tests)
-_LAYOUT_FIELDS = tuple(field.name for field in fields(VarlenLayout))
 
 
 def plan_for(request: PlanRequest) -> RingPlan:
@@ -47,12 +44,27 @@ def plan_for(request: PlanRequest) -> RingPlan:
         plan_cache_counts["capturing"] += 1
         return build_plan(request)
     layout = request.layout
-    values = tuple(getattr(layout, name) for name in _LAYOUT_FIELDS)
-    if any(isinstance(v, Tensor) and v.is_inference() for v in values):  # no version counter
+    values = (
+        layout.cu_seqlens_q,
+        layout.cu_seqlens_kv,
+        layout.cu_seqlens_q_padded,
+        layout.cu_seqlens_kv_padded,
+        layout.max_seqlen_q,
+        layout.max_seqlen_kv,
+        layout.positions_q,
+        layout.positions_kv,
+    )
+    tensors = [v for v in values if isinstance(v, Tensor)]
+    if any(t.is_inference() for t in tensors):  # no version counter
         plan_cache_counts["uncached"] += 1
         return build_plan(request)
     key = (
-        tuple((id(v), v._version) if isinstance(v, Tensor) else v for v in values),
+        tuple((id(t), t._version) for t in tensors),
+        layout.cu_seqlens_q_padded is None,
+        layout.cu_seqlens_kv_padded is None,
+        layout.max_seqlen_q,
+        layout.max_seqlen_kv,
+        layout.positions_q is None,
         request.options,
         request.cp_size,
         request.cp_rank,

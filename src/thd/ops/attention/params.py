@@ -53,7 +53,19 @@ class VarlenLayout:
         return self.cu_seqlens_kv if self.cu_seqlens_kv_padded is None else self.cu_seqlens_kv_padded
 
     def with_max_seqlens(self, max_seqlen_q: int, max_seqlen_kv: int) -> VarlenLayout:
-        return replace(self, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+        """This layout with the given bounds (itself when it has them: the ring's calls pass them)."""
+        if max_seqlen_q == self.max_seqlen_q and max_seqlen_kv == self.max_seqlen_kv:
+            return self
+        return VarlenLayout(
+            self.cu_seqlens_q,
+            self.cu_seqlens_kv,
+            self.cu_seqlens_q_padded,
+            self.cu_seqlens_kv_padded,
+            max_seqlen_q,
+            max_seqlen_kv,
+            self.positions_q,
+            self.positions_kv,
+        )
 
     def tensors(self) -> tuple[Tensor | None, ...]:
         """The offset and position tensors, in the order of the custom ops' schema."""
