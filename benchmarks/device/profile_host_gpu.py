@@ -1,6 +1,6 @@
 """cProfile of thd's eager forward host path on the GPU (the tiny host-time problem), per family.
 
-    device: PYTHONPATH=src:. python3 benchmarks/device/profile_host_gpu.py [tl|gluon ...]
+device: PYTHONPATH=src:. python3 benchmarks/device/profile_host_gpu.py [tl|gluon ...]
 """
 
 from __future__ import annotations

@@ -162,3 +162,50 @@ def test_ring_launches_reuse_cached_plans_across_calls(
     assert not torch.equal(first[0], got[0])
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
         assert torch.equal(a, b), name
+
+
+def test_ring_metadata_checks_take_the_common_call_shortcut_only_where_they_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``check_metadata`` skips its shape/dtype/device checks when ``passes_call_checks`` vouches
+    for them: every case raises the same error (or none) with the shortcut as without it."""
+    from thd.cp import checks
+    from thd.errors import ThdError
+    from thd.ops.attention.params import VarlenLayout
+
+    i32 = torch.int32
+    cu, cup = torch.tensor([0, 3, 8], dtype=i32), torch.tensor([0, 4, 8], dtype=i32)
+    base = {"q": torch.zeros(8, 4, 64), "k": torch.zeros(8, 2, 64), "v": torch.zeros(8, 2, 32),
+            "cu": cu, "cup": cup, "max": 5, "causal": True}  # fmt: skip
+    variants = {
+        "q": [torch.zeros(8, 4, 64, dtype=torch.float64), torch.zeros(8, 3, 64), torch.zeros(6, 4, 64),
+              torch.zeros(8, 4), torch.zeros(8, 4, 64, dtype=torch.bfloat16),
+              torch.zeros(8, 4, 64, device="meta")],
+        "k": [torch.zeros(7, 2, 64), torch.zeros(8, 0, 64), torch.zeros(8, 2, 32),
+              torch.zeros(8, 2, 64).half()],
+        "v": [torch.zeros(8, 2, 4), torch.zeros(8, 1, 32), torch.zeros(7, 2, 32)],
+        "cu": [cu.long(), cu[None], torch.zeros(0, dtype=i32), cu.to("meta"), [0, 3, 8]],
+        "cup": [None, cu, torch.tensor([0, 8], dtype=i32), cup.float(), (0, 4, 8)],
+        "max": [None, 0, -1, 2**31, True, 3.0],
+        "causal": [False],
+    }  # fmt: skip
+
+    def outcome(case: dict, shortcut: bool) -> object:
+        layout = VarlenLayout(case["cu"], case["cu"], case["cup"], case["cup"], case["max"], case["max"])
+        with monkeypatch.context() as patch:
+            if not shortcut:
+                patch.setattr(checks, "passes_call_checks", lambda *args: False)
+            try:
+                checks.check_metadata(case["q"], case["k"], case["v"], layout, case["causal"])
+            except (ThdError, AttributeError, TypeError) as error:
+                return (type(error), str(error))
+        return None
+
+    cases = [base] + [{**base, name: value} for name, values in variants.items() for value in values]
+    cases.append({**base, "k": torch.zeros(6, 2, 64), "v": torch.zeros(6, 2, 32), "causal": False})
+    passed = 0
+    for case in cases:
+        want = outcome(case, shortcut=False)
+        assert outcome(case, shortcut=True) == want, case
+        passed += want is None
+    assert passed >= 5  # the shortcut's cases are among them

@@ -831,7 +831,7 @@ def test_check_call_shortcut_never_passes_what_the_checks_reject(monkeypatch: py
         )  # fmt: skip
         with monkeypatch.context() as patch:
             if not shortcut:
-                patch.setattr(arguments, "_passes", lambda *args: False)
+                patch.setattr(arguments, "passes_call_checks", lambda *args: False)
             try:
                 arguments.check_call(
                     "f", case["q"], case["k"], case["v"], layout, AttentionOptions(0.1), case["sinks"]
@@ -848,7 +848,9 @@ def test_check_call_shortcut_never_passes_what_the_checks_reject(monkeypatch: py
         assert check(case, shortcut=True) == want, case
         passed += want is None
     assert passed >= 8  # the shortcut's cases are among them
-    assert arguments._passes(base["q"], base["k"], base["v"], VarlenLayout(cu, cu, max_seqlen_q=5), None)
+    assert arguments.passes_call_checks(
+        base["q"], base["k"], base["v"], VarlenLayout(cu, cu, max_seqlen_q=5), None
+    )
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")

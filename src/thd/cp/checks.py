@@ -10,7 +10,7 @@ from thd import layout as _layout
 from thd._capture import is_capturing
 from thd.cp.comm import RingComm, all_gather_ints
 from thd.errors import ThdDistributedError, ThdValueError
-from thd.ops.attention.arguments import check_sinks
+from thd.ops.attention.arguments import check_sinks, passes_call_checks
 from thd.ops.attention.checks import check_layout_tensors, check_max_seqlen, check_qkv
 from thd.ops.attention.keywords import ScoreArgs, score_options
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
@@ -30,15 +30,18 @@ _FN = "ring_attention"
 def check_metadata(q: Tensor, k: Tensor, v: Tensor, given: VarlenLayout, causal: bool) -> None:
     """Host-only checks of the shards and the layout ``given`` (the GLOBAL offsets and bounds as
     passed, unchecked): types, shapes, dtypes, devices (never reads device memory)."""
-    check_qkv(_FN, q, k, v)
+    common = passes_call_checks(q, k, v, given, None)  # True: every check below but the causal one passes
+    if not common:
+        check_qkv(_FN, q, k, v)
     if causal and q.shape[0] != k.shape[0]:
         raise ThdValueError(
             f"{_FN}: shard rows: causal ring attention is self-attention, expected q and k/v with the "
             f"same number of rows, got {q.shape[0]} and {k.shape[0]}"
         )
-    check_layout_tensors(_FN, q, k, *given.tensors()[:4])
-    check_max_seqlen(_FN, "max_seqlen_q", given.max_seqlen_q)
-    check_max_seqlen(_FN, "max_seqlen_kv", given.max_seqlen_kv)
+    if not common:
+        check_layout_tensors(_FN, q, k, *given.tensors()[:4])
+        check_max_seqlen(_FN, "max_seqlen_q", given.max_seqlen_q)
+        check_max_seqlen(_FN, "max_seqlen_kv", given.max_seqlen_kv)
 
 
 def check_scores(q: Tensor, scores: ScoreArgs) -> AttentionOptions:

@@ -24,7 +24,7 @@ from thd.ops.attention.checks import (
 )
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
-__all__ = ["check_call", "check_sinks", "resolve_options"]
+__all__ = ["check_call", "check_sinks", "passes_call_checks", "resolve_options"]
 
 
 def _finite_real(fn: str, name: str, value: object) -> float:
@@ -143,7 +143,7 @@ def check_call(
     fn: str, q: Tensor, k: Tensor, v: Tensor, layout: VarlenLayout, options: AttentionOptions, sinks: object
 ) -> None:
     """Shapes, dtypes, devices and scalar arguments of one call."""
-    if _passes(q, k, v, layout, sinks):
+    if passes_call_checks(q, k, v, layout, sinks):
         return
     check_qkv(fn, q, k, v)
     if q.dtype == torch.float64:
@@ -161,7 +161,7 @@ def check_call(
 _HALF_OR_SINGLE = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _passes(q: object, k: object, v: object, layout: VarlenLayout, sinks: object) -> bool:
+def passes_call_checks(q: object, k: object, v: object, layout: VarlenLayout, sinks: object) -> bool:
     """True only if every check of :func:`check_call` passes: the common call (fp16/bf16/fp32, no
     positions, int or None bounds) in a few comparisons, each offset tensor met again (the offsets
     often fill several fields) taken as checked. False says nothing: run the checks."""
