@@ -22,6 +22,7 @@ from thd._runtime.tiles import SETTINGS
 from thd.ops.attention import kernels
 from thd.ops.attention.buffers import forward_outputs, gradient_buffers
 from thd.ops.attention.params import AttentionOptions, BackwardCall, ForwardCall, VarlenLayout
+from thd.ops.attention.plan_keys import inputs_key
 
 __all__ = [
     "DKDV_ARGS",
@@ -422,28 +423,6 @@ def plan_counts() -> tuple[int, int]:
     return len(_FORWARD_PLANS), len(_BACKWARD_PLANS)
 
 
-def _inputs_key(layout: VarlenLayout, options: AttentionOptions, q: Tensor, k: Tensor, v: Tensor) -> tuple:
-    """The part of a plan's key both phases share, flat: the offsets' length (the grid's sequences),
-    which of the layout's optional tensors are given, the bounds, the options (by value) and the
-    inputs' shapes and strides. Not the layout tensors themselves: the plan holds none."""
-    return (
-        layout.cu_seqlens_q.shape[0],
-        layout.cu_seqlens_q_padded is None,
-        layout.cu_seqlens_kv_padded is None,
-        layout.positions_q is None,
-        layout.positions_kv is None,
-        layout.max_seqlen_q,
-        layout.max_seqlen_kv,
-        options,
-        q.shape,
-        q.stride(),
-        k.shape,
-        k.stride(),
-        v.shape,
-        v.stride(),
-    )
-
-
 def _remember(plans: dict, key: tuple, plan: object, options: AttentionOptions) -> None:
     if options.softmax_scale == 0.0:
         return  # 0.0 and -0.0 are equal options but not one scale: such a plan serves its call only
@@ -455,7 +434,7 @@ def _remember(plans: dict, key: tuple, plan: object, options: AttentionOptions) 
 def _forward_plan(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple[_Launch, bool]:
     """The forward's launch, and whether it was cached (else made now)."""
     q, k, v, layout, options, sinks, accumulate = call
-    key = _inputs_key(layout, options, q, k, v) + (
+    key = inputs_key(layout, options, q, k, v) + (
         out.stride(),
         lse.stride(),
         q.dtype,
@@ -512,7 +491,7 @@ def _backward_plan(
     q, k, v, do, lse, delta = inputs
     out, sinks = call.saved.out, call.saved.sinks
     layout, options, accumulate = call.layout, call.options, call.accumulate
-    key = _inputs_key(layout, options, q, k, v) + (
+    key = inputs_key(layout, options, q, k, v) + (
         do.stride(),
         out.shape,
         out.stride(),

@@ -28,6 +28,7 @@ from thd.ops.attention.gluon.host import (
     sequence_args,
 )
 from thd.ops.attention.params import ForwardCall, VarlenLayout
+from thd.ops.attention.plan_keys import inputs_key
 
 __all__ = [
     "PLAN_LIMIT",
@@ -147,21 +148,10 @@ def plan_count() -> int:
 
 
 def _plan_key(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple:
-    """What a plan depends on besides the tensors' identities: the offsets' length, which optional
-    layout tensors are given, the options (by value), shapes, strides, dtype, device, and whether
-    sinks and an accumulator are given."""
+    """What a plan depends on besides the tensors' identities: :func:`inputs_key`, the outputs'
+    strides, the dtype and device, and whether sinks and an accumulator are given."""
     q, k, v, layout, options, sinks, accumulate = call
-    return (
-        layout.cu_seqlens_q.shape[0],
-        layout.cu_seqlens_q_padded is None,
-        layout.positions_q is None or layout.positions_kv is None,
-        options,
-        q.shape,
-        q.stride(),
-        k.shape,
-        k.stride(),
-        v.shape,
-        v.stride(),
+    return inputs_key(layout, options, q, k, v) + (
         out.stride(),
         lse.stride(),
         q.dtype,
