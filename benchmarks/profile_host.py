@@ -171,8 +171,12 @@ def alone_in_ring(cp: int) -> Iterator[None]:
         yield
 
 
-def plan_counts() -> tuple[int, int]:
-    """The ``tl`` family's cached forward and backward plans (a warm call that adds some missed)."""
+def plan_counts(family: str) -> tuple[int, int]:
+    """The family's cached forward and backward plans (a warm call that adds some missed)."""
+    if family == "gluon":
+        from thd.ops.attention.gluon import backward, forward
+
+        return len(forward.PLANS), len(backward.PLANS)
     from thd.ops.attention import launch
 
     return launch.plan_counts()
@@ -221,9 +225,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(20):  # first calls: imports, caches, first launches
                 fn()
             LAUNCHES.clear()
-            plans = plan_counts()
+            plans = plan_counts(args.family)
             fn()
-            made = [after - before for before, after in zip(plans, plan_counts(), strict=True)]
+            made = [after - before for before, after in zip(plans, plan_counts(args.family), strict=True)]
             results[mode] = {
                 "launches_per_call": dict(LAUNCHES),
                 "plans_made_per_call": made,

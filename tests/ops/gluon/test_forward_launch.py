@@ -66,9 +66,9 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
     monkeypatch.setattr(forward_kernel, "attention_fwd_kernel", recorder)
     monkeypatch.setattr(gluon_forward, "num_sms", lambda index: 4)
     monkeypatch.setattr(gluon_forward, "device_index", lambda device: 0)
-    gluon_forward.clear_plans()
+    gluon_forward.PLANS.clear()
     yield recorder
-    gluon_forward.clear_plans()
+    gluon_forward.PLANS.clear()
 
 
 def _batch(seed: int, lengths: tuple[int, ...], head_dim: int = 128) -> tuple[torch.Tensor, ...]:
@@ -104,11 +104,11 @@ def test_a_call_with_new_tensors_of_the_same_shapes_reuses_the_plan(recorded: _R
     """Oracle: the launch a fresh plan makes for the same call (plans cleared first)."""
     options = AttentionOptions(128**-0.5, causal=True)
     _launch_of(recorded, *_batch(0, (70, 130)), options)
-    assert gluon_forward.plan_count() == 1
+    assert len(gluon_forward.PLANS) == 1
     second = _batch(1, (150, 50))  # other offsets' values, same length: the plan's key is equal
     reused = _launch_of(recorded, *second, options)
-    assert gluon_forward.plan_count() == 1
-    gluon_forward.clear_plans()
+    assert len(gluon_forward.PLANS) == 1
+    gluon_forward.PLANS.clear()
     fresh = _launch_of(recorded, *second, options)
     assert reused == fresh
     assert reused[3] == reused[4]  # the launch took this call's inputs and offsets
@@ -129,9 +129,9 @@ def test_other_options_make_their_own_plan(recorded: _Recorder, change: dict) ->
     first = _launch_of(recorded, q, k, v, cu, AttentionOptions(**base))
     options = AttentionOptions(**{**base, **change})
     changed = _launch_of(recorded, q, k, v, cu, options)
-    assert gluon_forward.plan_count() == 2
+    assert len(gluon_forward.PLANS) == 2
     assert changed[:3] != first[:3]
-    gluon_forward.clear_plans()
+    gluon_forward.PLANS.clear()
     assert changed == _launch_of(recorded, q, k, v, cu, options)
 
 
@@ -150,6 +150,6 @@ def test_a_zero_scale_is_never_cached(recorded: _Recorder) -> None:
     batch = _batch(0, (70, 130))
     for scale in (0.0, -0.0, 0.0):
         _launch_of(recorded, *batch, AttentionOptions(scale, causal=True))
-        assert gluon_forward.plan_count() == 0
+        assert len(gluon_forward.PLANS) == 0
         passed = next(a for a in recorded.calls[-1][1] if isinstance(a, float))  # the first float: the scale
         assert math.copysign(1.0, passed) == math.copysign(1.0, scale)

@@ -10,15 +10,18 @@ tensors the copy engine cannot read) stay on the tl kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from thd._runtime.config import kernel_settings
-from thd._runtime.launcher import ensure_scratch_allocator, launcher_for
+from thd._runtime.launcher import ensure_scratch_allocator
 from thd.ops.attention.buffers import gradient_buffers
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
+    PlannedLaunch,
+    PlanTable,
     WarpSpecializedTile,
     on_gluon_device,
     row_strides,
@@ -26,10 +29,12 @@ from thd.ops.attention.gluon.host import (
     sequence_args,
 )
 from thd.ops.attention.params import BackwardCall
+from thd.ops.attention.plan_keys import inputs_key
 
 __all__ = [
     "ATOMIC_DQ",
     "ONE_CONSUMER_TILES",
+    "PLANS",
     "TILES",
     "TWO_CONSUMER_TILES",
     "GluonTile",
@@ -139,93 +144,142 @@ def _readable(t: Tensor) -> Tensor:
     return t if _tma_readable(t) else t.contiguous()
 
 
+class _BackwardPlan(NamedTuple):
+    """A backward's launches without the call's tensors (None: not launched), fixed by the plan's
+    key (:func:`_plan_key`); ``tiles``: the table's entries it was made from (a changed table makes
+    a new plan)."""
+
+    tiles: tuple[GluonTile, GluonTile]
+    preprocess: PlannedLaunch | None
+    dkdv: PlannedLaunch | None
+    dq: PlannedLaunch | None
+
+
+PLANS = PlanTable()
+"""The backward plans made so far."""
+
+
+def _plan_key(call: BackwardCall, inputs: tuple, grads: tuple, atomic: bool) -> tuple:
+    """What a plan depends on besides the tensors' identities: :func:`inputs_key` of the tensors the
+    kernels read, the other tensors' strides, the dtype and device, sinks and accumulate given, how
+    dQ is added, and whether TMA can add into ``dq``."""
+    q, k, v, do, lse, _ = inputs
+    out, sinks = call.saved.out, call.saved.sinks
+    return inputs_key(call.layout, call.options, q, k, v) + (
+        do.stride(),
+        out.shape,
+        out.stride(),
+        lse.stride(),
+        tuple(g.stride() for g in grads),
+        q.dtype,
+        q.device,
+        sinks is None,
+        call.accumulate is None,
+        atomic,
+        atomic and _tma_readable(grads[0]),
+    )
+
+
+def _make_plan(
+    call: BackwardCall, inputs: tuple, grads: tuple, atomic: bool, tiles: tuple[GluonTile, GluonTile]
+) -> _BackwardPlan:
+    q, k, v, do, lse, delta = inputs
+    dq, dk, dv = grads
+    layout, options, sinks = call.layout, call.options, call.saved.sinks
+    num_heads, num_kv_heads, num_seqs = q.shape[1], k.shape[1], layout.num_seqs
+    max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
+    assert max_q is not None and max_kv is not None
+    preprocess = None
+    if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
+        preprocess = PlannedLaunch(
+            (_cdiv(max_q, _PREPROCESS_ROWS), num_heads, num_seqs),
+            (q.shape[0], *row_strides(call.saved.out, do), delta.stride(0)),
+            {
+                "HEAD_DIM_V": v.shape[2],
+                "HAS_SINKS": sinks is not None,
+                "BLOCK_M": _PREPROCESS_ROWS,
+                "NUM_WARPS": 4,
+                "num_warps": 4,
+            },
+        )
+    sizes = (q.shape[0], k.shape[0], *row_strides(q, k, v, do))
+    window = (options.softmax_scale, max(options.window_left, 0), max(options.window_right, 0))
+    variant = {
+        "GROUP": num_heads // num_kv_heads,
+        "HEAD_DIM": q.shape[2],
+        "HAS_POSITIONS": layout.positions_q is not None and layout.positions_kv is not None,
+        "HAS_LEFT": options.window_left >= 0,
+        "HAS_RIGHT": options.window_right >= 0,
+        "ACCUMULATE": call.accumulate is not None,
+    }
+    dkdv = None
+    if k.shape[0] > 0:
+        tile = tiles[0]
+        if atomic and tile.consumers > 1 and not _tma_readable(dq):  # no TMA reduce-add: per-element atomics
+            tile = replace(tile, consumers=1)
+        dkdv = PlannedLaunch(
+            (max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1),
+            (*sizes, *row_strides(dk, dv, dq), lse.stride(0), *window),
+            {**variant, "DQ_ATOMIC": atomic, **tile.constexprs(), "num_warps": tile.num_warps},
+        )
+    dq_launch = None
+    if not atomic and q.shape[0] > 0:
+        tile = tiles[1]
+        dq_launch = PlannedLaunch(
+            (max(1, _cdiv(max_q, tile.block_m)), num_heads, num_seqs + 1),
+            (*sizes, *row_strides(dq), lse.stride(0), *window),
+            {**variant, **tile.constexprs(), "num_warps": tile.num_warps},
+        )
+    return _BackwardPlan(tiles, preprocess, dkdv, dq_launch)
+
+
+def _plan(call: BackwardCall, inputs: tuple, grads: tuple, atomic: bool) -> tuple[_BackwardPlan, bool]:
+    """The call's plan, and whether an earlier call made it (else it is made now)."""
+    head_dim = inputs[0].shape[2]
+    tiles = (TILES[("dkdv", head_dim)], TILES[("dq", head_dim)])
+    key = _plan_key(call, inputs, grads, atomic)
+    found = PLANS.get(key)
+    if found is not None and found.tiles[0] is tiles[0] and found.tiles[1] is tiles[1]:
+        return found, True
+    plan = _make_plan(call, inputs, grads, atomic, tiles)
+    PLANS.keep(key, plan, call.options)
+    return plan, False
+
+
 def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dsinks)`` as :func:`thd.ops.attention.launch.backward` returns them: padding
     rows 0; dQ from its own (bitwise-reproducible) kernel, or added in fp32 by the dK/dV kernel as
     :data:`ATOMIC_DQ` says, unless ``options.deterministic`` (or ``torch.use_deterministic_algorithms``);
-    ``accumulate=(dq, dk, dv)`` (fp32) adds this launch's gradients on its real rows only."""
+    ``accumulate=(dq, dk, dv)`` (fp32) adds this launch's gradients on its real rows only. Launches
+    from a cached plan (:func:`_plan`)."""
     from thd.ops.attention.gluon import backward_kernel as kernels
 
     do, (q, k, v, out, lse, sinks), layout, options, accumulate = call
     q, k, v, do = (_readable(t) for t in (q, k, v, do))
     out = out if out.stride(-1) == 1 else out.contiguous()
     lse = lse.contiguous()
-    num_heads, num_kv_heads, num_seqs = q.shape[1], k.shape[1], layout.num_seqs
-    max_q, max_kv = layout.max_seqlen_q, layout.max_seqlen_kv
-    assert max_q is not None and max_kv is not None
+    if out is not call.saved.out:
+        call = call._replace(saved=call.saved._replace(out=out))
     deterministic = options.deterministic or torch.are_deterministic_algorithms_enabled()
     head_dim = q.shape[2]
     atomic = (ATOMIC_DQ_BY_HEAD_DIM[head_dim] if ATOMIC_DQ is None else ATOMIC_DQ) and not deterministic
-    dq, dk, dv = gradient_buffers(call, atomic_dq=atomic)
+    grads = gradient_buffers(call, atomic_dq=atomic)
+    dq, dk, dv = grads
     delta = torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
-    if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
-        launcher_for(kernels._preprocess_kernel).run(
-            (_cdiv(max_q, _PREPROCESS_ROWS), num_heads, num_seqs),
-            out,
-            do,
-            delta,
-            lse,
-            q if sinks is None else sinks,
-            delta if dsink_rows is None else dsink_rows,
-            layout.cu_seqlens_q,
-            layout.slots_q,
-            q.shape[0],
-            *row_strides(out, do),
-            delta.stride(0),
-            HEAD_DIM_V=v.shape[2],
-            HAS_SINKS=sinks is not None,
-            BLOCK_M=_PREPROCESS_ROWS,
-            NUM_WARPS=4,
-            num_warps=4,
-        )
-    ensure_scratch_allocator()
-    has_positions, layout_args = sequence_args(layout)
-    sequences = (*layout_args, q.shape[0], k.shape[0], *row_strides(q, k, v, do))
-    variant = {
-        "GROUP": num_heads // num_kv_heads,
-        "HEAD_DIM": q.shape[2],
-        "HAS_POSITIONS": has_positions,
-        "HAS_LEFT": options.window_left >= 0,
-        "HAS_RIGHT": options.window_right >= 0,
-        "ACCUMULATE": accumulate is not None,
-    }
-    window = (options.softmax_scale, max(options.window_left, 0), max(options.window_right, 0))
     inputs = (q, k, v, do, lse, delta)  # the leading arguments of both kernels
-    if k.shape[0] > 0:
-        tile = TILES[("dkdv", head_dim)]
-        if atomic and tile.consumers > 1 and not _tma_readable(dq):  # no TMA reduce-add: per-element atomics
-            tile = replace(tile, consumers=1)
-        launcher_for(kernels._dkdv_kernel).run(
-            (max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1),
-            *inputs,
-            dk,
-            dv,
-            dq,
-            *sequences,
-            *row_strides(dk, dv, dq),
-            lse.stride(0),
-            *window,
-            **variant,
-            DQ_ATOMIC=atomic,
-            **tile.constexprs(),
-            num_warps=tile.num_warps,
-        )
+    plan, reused = _plan(call, inputs, grads, atomic)
+    if plan.preprocess is not None:
+        row_terms = (q if sinks is None else sinks, delta if dsink_rows is None else dsink_rows)
+        head = (out, do, delta, lse, *row_terms, layout.cu_seqlens_q, layout.slots_q)
+        plan.preprocess.run(kernels._preprocess_kernel, head, reused)
+    ensure_scratch_allocator()
+    _, layout_args = sequence_args(layout)
+    if plan.dkdv is not None:
+        plan.dkdv.run(kernels._dkdv_kernel, (*inputs, dk, dv, dq, *layout_args), reused)
     if atomic:
         dq = dq if accumulate is not None else dq.to(q.dtype)
-    elif q.shape[0] > 0:
-        tile = TILES[("dq", head_dim)]
-        launcher_for(kernels._dq_kernel).run(
-            (max(1, _cdiv(max_q, tile.block_m)), num_heads, num_seqs + 1),
-            *inputs,
-            dq,
-            *sequences,
-            *row_strides(dq),
-            lse.stride(0),
-            *window,
-            **variant,
-            **tile.constexprs(),
-            num_warps=tile.num_warps,
-        )
+    elif plan.dq is not None:
+        plan.dq.run(kernels._dq_kernel, (*inputs, dq, *layout_args), reused)
     dsinks = None if dsink_rows is None else dsink_rows.sum(1).to(sinks.dtype)  # type: ignore[union-attr]
     return dq, dk, dv, dsinks

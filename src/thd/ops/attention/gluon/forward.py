@@ -15,10 +15,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from thd._runtime.launcher import KernelLauncher, ensure_scratch_allocator, launcher_for
+from thd._runtime.launcher import ensure_scratch_allocator
 from thd.ops.attention.buffers import forward_outputs
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
+    PlannedLaunch,
+    PlanTable,
     WarpSpecializedTile,
     device_index,
     num_sms,
@@ -31,12 +33,10 @@ from thd.ops.attention.params import ForwardCall, VarlenLayout
 from thd.ops.attention.plan_keys import inputs_key
 
 __all__ = [
-    "PLAN_LIMIT",
+    "PLANS",
     "GluonTile",
     "TILES",
-    "clear_plans",
     "forward",
-    "plan_count",
     "supports_forward",
     "tile_for",
 ]
@@ -110,41 +110,19 @@ def supports_forward(call: ForwardCall) -> bool:
     return all(_copyable(t) for t in (q, k, v))
 
 
-class _WorkListLaunch(NamedTuple):
-    """The work-list kernel's launch of a plan: its grid, the sizes after its tensors, keywords."""
-
-    grid: tuple[int]
-    tail: tuple[int, int, int]
-    keywords: dict
-
-
 class _ForwardPlan(NamedTuple):
     """Everything of a forward's two launches but the call's tensors, fixed by the plan's key
-    (:func:`_plan_key`): the work list's capacity and launch, the kernel's grid, the arguments
-    after its tensors (sizes, strides, scores) and its keywords; ``tile`` is the table's entry
-    the plan was made from (a changed table makes a new plan)."""
+    (:func:`_plan_key`): the work list's capacity and launch and the kernel's; ``tile`` is the
+    table's entry the plan was made from (a changed table makes a new plan)."""
 
     tile: GluonTile
     capacity: int
-    work_list: _WorkListLaunch
-    grid: tuple[int]
-    tail: tuple
-    keywords: dict
+    work_list: PlannedLaunch
+    attention: PlannedLaunch
 
 
-_PLANS: dict[tuple, _ForwardPlan] = {}
-PLAN_LIMIT = 256
-"""Plans kept; a full table is cleared (a model makes a handful)."""
-
-
-def clear_plans() -> None:
-    """Forget every cached forward plan."""
-    _PLANS.clear()
-
-
-def plan_count() -> int:
-    """How many forward plans are cached."""
-    return len(_PLANS)
+PLANS = PlanTable()
+"""The forward plans made so far."""
 
 
 def _plan_key(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple:
@@ -166,7 +144,7 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
     num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], layout.num_seqs
     # the work list's capacity bounds the query tiles of any valid layout: rows / block_m + sequences
     capacity = num_rows // tile.block_m + num_seqs + 1
-    work_list = _WorkListLaunch(
+    work_list = PlannedLaunch(
         (num_seqs,),
         (num_seqs, num_rows, capacity),
         {"BLOCK_M": tile.block_m, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
@@ -205,50 +183,30 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         "num_warps": tile.num_warps,
         "maxnreg": tile.maxnreg,
     }
-    return _ForwardPlan(tile, capacity, work_list, grid, tail, keywords)
+    return _ForwardPlan(tile, capacity, work_list, PlannedLaunch(grid, tail, keywords))
 
 
 def _plan(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple[_ForwardPlan, bool]:
     """The call's plan, and whether an earlier call made it (else it is made now)."""
     tile = tile_for(call.q.shape[2], call.v.shape[2])
     key = _plan_key(call, out, lse)
-    found = _PLANS.get(key)
+    found = PLANS.get(key)
     if found is not None and found.tile is tile:
         return found, True
     plan = _make_plan(call, out, lse, tile)
-    if call.options.softmax_scale != 0.0:  # 0.0 and -0.0 are equal options but not one scale
-        if len(_PLANS) >= PLAN_LIMIT:
-            _PLANS.clear()
-        _PLANS[key] = plan
+    PLANS.keep(key, plan, call.options)
     return plan, False
-
-
-def _launch(
-    launcher: KernelLauncher,
-    token: object,
-    grid: tuple,
-    head: tuple,
-    tail: tuple,
-    keywords: dict,
-    reused: bool,
-) -> None:
-    """One launch of a plan: by its fixed parts when the plan served an earlier call, else by the
-    whole argument list (a plan seen once takes no record of the launcher's)."""
-    if reused:
-        launcher.run_fixed(token, grid, head, tail, keywords)
-    else:
-        launcher.run(grid, *head, *tail, **keywords)
 
 
 def _work_list(layout: VarlenLayout, plan: _ForwardPlan, reused: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``(seq, blk, count)`` of :func:`schedule.build_work_list` in one int32 allocation."""
     from thd.ops.attention.gluon.schedule import build_work_list
 
-    capacity, launch = plan.capacity, plan.work_list
+    capacity = plan.capacity
     buffer = torch.empty(2 * capacity + 1, dtype=torch.int32, device=layout.cu_seqlens_q.device)
     seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
     head = (layout.cu_seqlens_q, layout.slots_q, seq, blk, count)
-    _launch(launcher_for(build_work_list), launch, launch.grid, head, launch.tail, launch.keywords, reused)
+    plan.work_list.run(build_work_list, head, reused)
     return seq, blk, count
 
 
@@ -275,5 +233,5 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     seq, blk, count = _work_list(layout, plan, reused)
     _, layout_args = sequence_args(layout)
     head = (q, k, v, out, lse, q if sinks is None else sinks, *layout_args, seq, blk, count)
-    _launch(launcher_for(attention_fwd_kernel), plan, plan.grid, head, plan.tail, plan.keywords, reused)
+    plan.attention.run(attention_fwd_kernel, head, reused)
     return out, lse

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from thd._runtime.launcher import launcher_for
 from thd.ops.attention.gluon.compat import gluon_available
-from thd.ops.attention.params import VarlenLayout
+from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 __all__ = [
     "DTYPES",
     "HEAD_DIMS",
+    "PlanTable",
+    "PlannedLaunch",
     "device_index",
     "num_sms",
     "on_gluon_device",
@@ -81,3 +85,48 @@ def sequence_args(layout: VarlenLayout) -> tuple[bool, tuple[Tensor, ...]]:
 def row_strides(*tensors: Tensor) -> tuple[int, ...]:
     """The row and head strides of each ``[T, H, D]`` tensor, in order: ``t.stride(0), t.stride(1)``."""
     return tuple(stride for t in tensors for stride in (t.stride(0), t.stride(1)))
+
+
+class PlannedLaunch(NamedTuple):
+    """One launch of a cached plan, everything but the call's tensors: the grid, the arguments after
+    the tensors (sizes, strides, scores) and the keywords, fixed by the plan's key."""
+
+    grid: tuple[int, ...]
+    tail: tuple
+    keywords: dict
+
+    def run(self, kernel: Any, head: tuple, reused: bool) -> None:
+        """Launch ``kernel`` with the call's tensors ``head`` first: by the plan's fixed parts when it
+        served an earlier call (``reused``), else by the whole argument list (a plan seen once takes
+        no record of the launcher's)."""
+        if reused:
+            launcher_for(kernel).run_fixed(self, self.grid, head, self.tail, self.keywords)
+        else:
+            launcher_for(kernel).run(self.grid, *head, *self.tail, **self.keywords)
+
+
+class PlanTable:
+    """A family's cached launch plans by key (the last :attr:`limit` kinds of call; a full table
+    is cleared: a model makes a handful)."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._plans: dict[tuple, Any] = {}
+
+    def get(self, key: tuple) -> Any:
+        return self._plans.get(key)
+
+    def keep(self, key: tuple, plan: Any, options: AttentionOptions) -> None:
+        """Keep ``plan`` for ``key``, unless the call's scale is zero: 0.0 and -0.0 are equal
+        options but not one scale, so such a plan serves its own call only."""
+        if options.softmax_scale == 0.0:
+            return
+        if len(self._plans) >= self.limit:
+            self._plans.clear()
+        self._plans[key] = plan
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)

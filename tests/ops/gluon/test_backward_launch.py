@@ -1,0 +1,117 @@
+"""The Gluon backward's launches (``thd.ops.attention.gluon.backward.backward``), on CPU: its three
+kernels are replaced by recorders. Each launch must pass every parameter of its real kernel exactly
+once (positionally in the kernel's order, then by keyword), and a launch from a reused plan must be
+the launch a fresh plan makes for the same call."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon")
+
+from thd.ops.attention.gluon import backward as gluon_backward
+from thd.ops.attention.gluon import backward_kernel
+from thd.ops.attention.params import AttentionOptions, BackwardCall, SavedForBackward, VarlenLayout
+
+KERNELS = ("_preprocess_kernel", "_dkdv_kernel", "_dq_kernel")
+LAUNCH_OPTIONS = {"num_warps"}
+ARG_NAMES = {name: list(getattr(backward_kernel, name).arg_names) for name in KERNELS}
+
+
+class _Recorder:
+    """Stands in for ``kernel[grid](*args, **kwargs)`` and keeps what it was given."""
+
+    def __init__(self, name: str, calls: list) -> None:
+        self.name, self.calls = name, calls
+
+    def __getitem__(self, grid: tuple):  # type: ignore[no-untyped-def]
+        def launch(*args: object, **kwargs: object) -> None:
+            self.calls.append((self.name, grid, args, kwargs))
+
+        return launch
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list]:
+    """The launches of every backward in the test, in order; no plan cached before or after."""
+    recorded: list = []
+    for name in KERNELS:
+        monkeypatch.setattr(backward_kernel, name, _Recorder(name, recorded))
+    gluon_backward.PLANS.clear()
+    yield recorded
+    gluon_backward.PLANS.clear()
+
+
+def _call(seed: int, lengths: tuple[int, ...], *, deterministic: bool, sinks: bool = False) -> BackwardCall:
+    """A backward of new tensors (new objects every time) on packed ``lengths``, head dim 64."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = sum(lengths)
+    q, k, v, do, out = (torch.randn(rows, 4, 64, dtype=torch.bfloat16, generator=gen) for _ in range(5))
+    k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
+    lse = torch.randn(4, rows, generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    layout = VarlenLayout(cu, cu, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+    saved = SavedForBackward(q, k, v, out, lse, torch.zeros(4) if sinks else None)
+    return BackwardCall(do, saved, layout, AttentionOptions(0.125, causal=True, deterministic=deterministic))
+
+
+def _shown(args: tuple) -> tuple:
+    """The arguments with each tensor as (shape, stride, dtype) and int32 ones with their values."""
+    return tuple(
+        (a.shape, a.stride(), a.dtype, a.tolist() if a.dtype == torch.int32 else None)
+        if isinstance(a, torch.Tensor)
+        else a
+        for a in args
+    )
+
+
+def _launches(calls: list, call: BackwardCall) -> list:
+    """The launches of one backward as (kernel, grid, keywords, shown arguments)."""
+    start = len(calls)
+    gluon_backward.backward(call)
+    return [(name, grid, kwargs, _shown(args)) for name, grid, args, kwargs in calls[start:]]
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["split-dq", "atomic-dq"])
+def test_every_launch_passes_every_kernel_parameter(calls: list, deterministic: bool) -> None:
+    gluon_backward.backward(_call(0, (70, 130), deterministic=deterministic, sinks=True))
+    names = [name for name, *_ in calls]
+    assert names == (list(KERNELS) if deterministic else list(KERNELS[:2]))
+    for name, _, args, kwargs in calls:
+        params = ARG_NAMES[name]
+        assert sorted(params[len(args) :]) == sorted(set(kwargs) - LAUNCH_OPTIONS), name
+        assert set(kwargs) >= LAUNCH_OPTIONS
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["split-dq", "atomic-dq"])
+def test_a_call_with_new_tensors_of_the_same_shapes_reuses_the_plan(calls: list, deterministic: bool) -> None:
+    """Oracle: the launches a fresh plan makes for the same call (plans cleared first)."""
+    _launches(calls, _call(0, (70, 130), deterministic=deterministic))
+    assert len(gluon_backward.PLANS) == 1
+    second = _call(1, (130, 70), deterministic=deterministic)  # other offsets' values, same key
+    reused = _launches(calls, second)
+    assert len(gluon_backward.PLANS) == 1
+    gluon_backward.PLANS.clear()
+    assert reused == _launches(calls, second)
+
+
+def test_other_calls_make_their_own_plan(calls: list) -> None:
+    base = _launches(calls, _call(0, (70, 130), deterministic=True))
+    for other in (
+        _call(0, (70, 130), deterministic=False),  # dQ added by the dK/dV kernel
+        _call(0, (70, 130), deterministic=True, sinks=True),
+        _call(0, (70, 131), deterministic=True),  # other shapes and bounds
+    ):
+        launches = _launches(calls, other)
+        assert launches != base
+        gluon_backward.PLANS.clear()
+        assert launches == _launches(calls, other)
+    call = _call(0, (70, 130), deterministic=True)
+    window = call._replace(
+        options=AttentionOptions(0.125, causal=True, window_size=(16, 0), deterministic=True)
+    )
+    assert _launches(calls, window) != base
+    assert len(gluon_backward.PLANS) == 2
