@@ -4,7 +4,7 @@
 # FA4, cuDNN and varlen_attn, the attention/ring/Gluon GPU tests under THD_KERNELS=prefer-gluon, and
 # the Gluon kernels' bounds tests under compute-sanitizer memcheck. Each step is cut at a time
 # budget (seconds from the start) so the whole fits one 600-second call.
-#   device: carry [".fa4/b"], command: SHA=<commit> [VARIANTS=1] bash benchmarks/device/iteration.sh
+#   device: carry [".fa4/b"], command: SHA=<commit> [VARIANTS=1] [TESTS="<paths>"] bash benchmarks/device/iteration.sh
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 T0=$(date +%s); left() { echo $(($1 - ($(date +%s) - T0))); }
@@ -25,10 +25,13 @@ if [ "${VARIANTS:-0}" = 1 ]; then  # window / softcap / sinks, both families aga
     --layouts 32768:512-8192 --budget-s 80 --rep-ms 40 --trials 3 2>&1 | tail -2
 fi
 echo "== tests, THD_KERNELS=prefer-gluon $(date +%T)"
+# TESTS overrides the list (the whole list takes longer than one call: split it over calls)
+TESTS=${TESTS:-"tests/ops/gluon tests/ops/test_attention_gpu.py tests/ops/test_attention_fa4_gpu.py
+  tests/ops/test_attention_variants_gpu.py tests/ops/test_attention_accumulate.py tests/ops/test_fast_launch.py
+  tests/cp/test_plan_cache.py tests/cp/test_ring.py tests/cp/test_ring_variants.py"}
+# shellcheck disable=SC2086  # TESTS is a list of paths
 THD_KERNELS=prefer-gluon PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 520)" python3 -m pytest -q -m gpu \
-  -p no:cacheprovider -k "not autotuned" --timeout 120 tests/ops/gluon tests/ops/test_attention_gpu.py \
-  tests/ops/test_attention_fa4_gpu.py tests/ops/test_attention_variants_gpu.py tests/ops/test_attention_accumulate.py \
-  tests/ops/test_fast_launch.py tests/cp/test_plan_cache.py tests/cp/test_ring.py tests/cp/test_ring_variants.py 2>&1 | tail -15
+  -p no:cacheprovider -k "not autotuned" --timeout 120 -rf $TESTS 2>&1 | tail -15
 echo "== memcheck, Gluon bounds $(date +%T)"
 PYTHONPATH=src:. timeout "$(left 590)" compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q \
   -m gpu -p no:cacheprovider tests/ops/test_attention_bounds.py -k gluon 2>&1 | tail -4
