@@ -1,7 +1,7 @@
 """Host-side pieces both Gluon wrappers share: what the kernels take (dtypes, head dims, an sm_90
-device) and the argument groups of their launches (per-sequence tensors, strides). The descriptors'
-scratch allocator is :func:`thd._runtime.launcher.ensure_scratch_allocator`, shared with the tl
-kernels."""
+device), the argument groups of their launches (per-sequence tensors, strides) and their cached
+launch plans (:class:`PlannedLaunch`, :class:`PlanTable`). The descriptors' scratch allocator is
+:func:`thd._runtime.launcher.ensure_scratch_allocator`, shared with the tl kernels."""
 
 from __future__ import annotations
 
