@@ -330,3 +330,16 @@ def capture_graph(step: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Ten
     with torch.cuda.graph(graph):
         out = step()
     return graph, out
+
+
+def shortcut_agrees(
+    cases: Sequence[dict[str, Any]], outcome: Callable[[dict[str, Any], bool], object]
+) -> int:
+    """Assert that every case has the same ``outcome(case, shortcut)`` with the shortcut as without
+    it (the full checks are the oracle); returns how many cases passed (outcome ``None``)."""
+    passed = 0
+    for case in cases:
+        want = outcome(case, False)
+        assert outcome(case, True) == want, case
+        passed += want is None
+    return passed
