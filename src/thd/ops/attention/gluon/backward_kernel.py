@@ -382,6 +382,8 @@ def _dkdv_kernel(
         cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
         window_right, HAS_POSITIONS,
     )  # fmt: skip
+    if gl.program_id(0) >= gl.cdiv(seqlen_k, BLOCK_N):  # no key tile of its own: both partitions' loops
+        return  # would be empty, so skip their start (a grid sized by max_seqlen_kv has many such)
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     smem: gl.constexpr = _SMEM_LAYOUT
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], smem)
@@ -595,6 +597,8 @@ def _dq_kernel(
         cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
         window_right, HAS_POSITIONS,
     )  # fmt: skip
+    if gl.program_id(0) >= gl.cdiv(seqlen_q, BLOCK_M):  # no query tile of its own (as in _dkdv_kernel)
+        return
     kv_head = head // GROUP
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     smem: gl.constexpr = _SMEM_LAYOUT
