@@ -131,6 +131,20 @@ CONFIGS: dict[str, Config] = {
     "d128-variants-bf16": _forward(
         HAS_LEFT=True, HAS_POSITIONS=True, SOFTCAP=True, HAS_SINKS=True, ACCUMULATE=True, FOLD_SCALE=False
     ),
+    "d256-causal-bf16": _forward(256, 256, BLOCK_N=32),
+    "d256-variants-fp16": _forward(
+        256,
+        256,
+        "fp16",
+        BLOCK_N=32,
+        HAS_LEFT=True,
+        HAS_POSITIONS=True,
+        SOFTCAP=True,
+        HAS_SINKS=True,
+        ACCUMULATE=True,
+        FOLD_SCALE=False,
+    ),
+    "d256-dv128-gqa": _forward(256, 128, BLOCK_N=32, GROUP=4, HAS_RIGHT=False, SLOTS=False),
     # backward
     "dkdv-d128": _dkdv(128),
     "dkdv-d64": _dkdv(64),

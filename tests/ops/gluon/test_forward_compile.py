@@ -60,3 +60,21 @@ def test_softmax_overlaps_the_pv_product_in_sass_with_triton_3_6() -> None:
     assert len(counts) == 2, stats  # one key loop per consumer warpgroup
     assert min(counts) >= 64, stats
     assert stats["spill_bytes"] == 0 and stats["injected_waits"] == 0, stats
+
+
+D256 = ("d256-causal-bf16", "d256-variants-fp16", "d256-dv128-gqa")
+SM90_SHARED_BYTES = 232448  # 227 KB: the most shared memory one block may have on sm_90
+
+
+def test_head_dim_256_fits_shared_memory_without_spills_with_triton_3_6() -> None:
+    """The head-dim-256 tile (two consumers, 32-row key tiles, two stages) fits one block's shared
+    memory with no spill in every variant; 64-row key tiles would not (257 KB, 88 bytes spilled)."""
+    python = os.environ.get("THD_TRITON36_PYTHON", "")
+    if not python:
+        pytest.skip("THD_TRITON36_PYTHON is unset: name a Python with triton==3.6.0 (torch not needed)")
+    stats = compile_in_subprocess(python, D256, ptxas=True)
+    for name in D256:
+        s = stats[name]
+        assert s["wgmma_wait1"] > 0 and s["tma_load"] > 0 and s["num_warps"] == 12, (name, s)
+        assert s["spill_bytes"] == 0 and s["injected_waits"] == 0, (name, s)
+        assert s["shared"] <= SM90_SHARED_BYTES, (name, s["shared"])

@@ -3,7 +3,7 @@
 Packed and padded-slot layouts with NaN in every padding and spare row of q, k, v; outputs allocated
 NaN-filled, so a padding row the kernel forgets to write fails; real rows within the bf16/fp16
 tolerances of the reference; padding rows of ``out`` exactly 0 and of ``lse`` exactly -inf. Causal
-and not, GQA, head dims 64 and 128 (and D != Dv), windows, softcap, sinks, positions, accumulate
+and not, GQA, head dims 64, 128 and 256 (and D != Dv), windows, softcap, sinks, positions, accumulate
 mode, against the ``tl`` forward as well; CUDA-graph capture and replay on new ``cu_seqlens``.
 """
 
@@ -99,6 +99,36 @@ def test_forward_matches_reference(name: str, causal: bool, dim: int, dtype: tor
 )
 def test_forward_head_dims_and_groups(dim: int, dim_v: int, heads_q: int, heads_kv: int) -> None:
     _run(LAYOUTS["slots128"], heads_q, heads_kv, dim, dim_v, BF16, AttentionOptions(0.1, causal=True))
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_forward_head_dim_256(name: str, causal: bool, dtype: torch.dtype) -> None:
+    """The head-dim-256 tile (32-row key tiles): every layout, causal and not, GQA."""
+    _run(LAYOUTS[name], 4, 2, 256, 256, dtype, AttentionOptions(256**-0.5, causal=causal))
+
+
+@pytest.mark.parametrize(("dim", "dim_v"), [(256, 128), (64, 256)])
+def test_forward_head_dim_256_beside_another(dim: int, dim_v: int) -> None:
+    _run(LAYOUTS["cross"], 6, 3, dim, dim_v, BF16, AttentionOptions(0.1, causal=False))
+
+
+def test_forward_head_dim_256_variants_and_accumulate_match_tl() -> None:
+    """Window, softcap and sinks at head dim 256 against the float64 reference, then the same call
+    folded into a tl partial result (``accumulate``) against the tl forward doing the same."""
+    sinks = torch.tensor([0.5, -1.0, 2.0, float("-inf")], device="cuda")
+    options = AttentionOptions(256**-0.5, causal=True, window_size=(200, -1), softcap=5.0)
+    q, k, v, varlen, _, _ = _run(LAYOUTS["slots128"], 4, 2, 256, 256, BF16, options, sinks)
+    first = tl_forward(q, k, v, varlen, AttentionOptions(256**-0.5, causal=True))
+    partial_tl = (first[0].float(), first[1].clone())
+    partial_gl = (first[0].float(), first[1].clone())
+    tl_forward(q, k, v, varlen, options, sinks, accumulate=partial_tl)
+    gluon_forward.forward(ForwardCall(q, k, v, varlen, options, sinks, partial_gl))
+    real = LAYOUTS["slots128"].real_rows("q", "cuda")
+    assert_close(partial_gl[0][real], partial_tl[0][real], "accumulated out vs tl", atol=2e-2, rtol=2e-2)
+    assert_close(partial_gl[1][:, real], partial_tl[1][:, real], "accumulated lse vs tl", atol=1e-3, rtol=0.0)
+    assert torch.equal(partial_gl[0][~real], partial_tl[0][~real])
 
 
 TWO_CONSUMERS = gluon_forward.GluonTile(128, 128, 4, 3)

@@ -2,7 +2,7 @@
 (:func:`forward`, the contract of ``thd.ops.attention.launch.forward``); both take one
 :class:`~thd.ops.attention.params.ForwardCall`.
 
-The kernel (``forward_kernel.py``) needs an sm_90 GPU, 16-bit inputs, head dims 64 or 128 and rows
+The kernel (``forward_kernel.py``) needs an sm_90 GPU, 16-bit inputs, head dims 64, 128 or 256 and rows
 whose starts the copy engine can address (16-byte aligned data and row/head strides). Anything else
 is for the ``tl`` kernels; the caller asks :func:`supports_forward` first.
 """
@@ -18,7 +18,6 @@ from torch import Tensor
 from thd._runtime.launcher import ensure_scratch_allocator
 from thd.ops.attention.buffers import forward_outputs
 from thd.ops.attention.gluon.host import (
-    HEAD_DIMS,
     PlannedLaunch,
     PlanTable,
     WarpSpecializedTile,
@@ -73,10 +72,17 @@ class GluonTile(WarpSpecializedTile):
 # split. Head dim 64: three of 64 rows at 160 registers (FA3's 192-row tile): 399 / 318 / 144 TFLOP/s
 # against two's 374 / 305 / 123 on 32k of 512-8192 / 16k of 256-4096 / 16k of 64-1024 tokens
 # (gluon-fwd-consumers-53cfff1.json, H200; the tl forward there: 406 / 348 / 207).
+# Head dim 256: two consumer warpgroups of 64 rows over key tiles of 32 rows, two stages (ptxas of
+# Triton 3.6: 197 KB of shared memory, no spills; 64-row key tiles need 257 KB and spill 88 bytes;
+# three stages of 32 rows fit in 225 KB). Not measured against tl yet, so ``auto`` keeps tl there.
 TILES: dict[int, GluonTile] = {
     64: GluonTile(192, 128, 4, 3, consumers=3, maxnreg=128, consumer_regs=160),
     128: GluonTile(128, 128, 4, 2),
+    256: GluonTile(128, 32, 4, 2),
 }
+FORWARD_HEAD_DIMS = tuple(TILES)
+"""Head dims (``q``/``k`` and ``v`` each) the forward takes; the backward takes fewer
+(:data:`thd.ops.attention.gluon.host.HEAD_DIMS`)."""
 
 
 def tile_for(head_dim: int, head_dim_v: int) -> GluonTile:
@@ -97,13 +103,14 @@ def _copyable(t: Tensor) -> bool:
 
 def supports_forward(call: ForwardCall) -> bool:
     """Whether :func:`forward` computes this call (else it is the ``tl`` kernels'): an sm_90 GPU,
-    a Triton with Gluon's Hopper surface, bf16/fp16 ``q, k, v`` of one dtype, head dims 64 or 128,
+    a Triton with Gluon's Hopper surface, bf16/fp16 ``q, k, v`` of one dtype, head dims 64, 128 or 256,
     TMA-addressable rows. ``options`` and ``sinks`` take any value the
     ``tl`` forward takes (every window, softcap, sink and scale is covered)."""
     q, k, v, accumulate = call.q, call.k, call.v, call.accumulate
     if not on_gluon_device(q) or not same_dtype(q, k, v):
         return False
-    if q.shape[2] not in HEAD_DIMS or k.shape[2] != q.shape[2] or v.shape[2] not in HEAD_DIMS:
+    dims = FORWARD_HEAD_DIMS
+    if q.shape[2] not in dims or k.shape[2] != q.shape[2] or v.shape[2] not in dims:
         return False
     if accumulate is not None and accumulate[1].stride(1) != 1:
         return False

@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 HEAD_DIMS = (64, 128)
+"""Head dims both Gluon kernels take (the forward also takes 256)."""
 DTYPES = (torch.bfloat16, torch.float16)
 
 
