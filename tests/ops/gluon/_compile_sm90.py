@@ -84,6 +84,7 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
         "NUM_WG": 2,
         "CONSUMER_REGS": 240,
         "SLOTS": True,
+        "PACK": 1,
     }
     meta.update(flags)
     num_warps = 4 if meta["NUM_WG"] > 1 else 8
@@ -130,6 +131,17 @@ CONFIGS: dict[str, Config] = {
     "d64-two-consumers": _forward(64, 64, STAGES=3),
     "d128-variants-bf16": _forward(
         HAS_LEFT=True, HAS_POSITIONS=True, SOFTCAP=True, HAS_SINKS=True, ACCUMULATE=True, FOLD_SCALE=False
+    ),
+    "d128-gqa-pack": _forward(GROUP=2, PACK=2, PRODUCER_REGS=32),  # as the host launches it
+    "d128-gqa-pack-variants": _forward(
+        GROUP=4,
+        PACK=2,
+        PRODUCER_REGS=32,
+        HAS_LEFT=True,
+        HAS_POSITIONS=True,
+        HAS_SINKS=True,
+        ACCUMULATE=True,
+        SLOTS=False,
     ),
     # backward
     "dkdv-d128": _dkdv(128),
