@@ -84,6 +84,7 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
         "NUM_WG": 2,
         "CONSUMER_REGS": 240,
         "SLOTS": True,
+        "PACK": 1,
     }
     meta.update(flags)
     num_warps = 4 if meta["NUM_WG"] > 1 else 8
@@ -145,6 +146,17 @@ CONFIGS: dict[str, Config] = {
         FOLD_SCALE=False,
     ),
     "d256-dv128-gqa": _forward(256, 128, BLOCK_N=32, GROUP=4, HAS_RIGHT=False, SLOTS=False),
+    "d128-gqa-pack": _forward(GROUP=2, PACK=2, PRODUCER_REGS=32),  # as the host launches it
+    "d128-gqa-pack-variants": _forward(
+        GROUP=4,
+        PACK=2,
+        PRODUCER_REGS=32,
+        HAS_LEFT=True,
+        HAS_POSITIONS=True,
+        HAS_SINKS=True,
+        ACCUMULATE=True,
+        SLOTS=False,
+    ),
     # backward
     "dkdv-d128": _dkdv(128),
     "dkdv-d64": _dkdv(64),

@@ -78,3 +78,15 @@ def test_head_dim_256_fits_shared_memory_without_spills_with_triton_3_6() -> Non
         assert s["wgmma_wait1"] > 0 and s["tma_load"] > 0 and s["num_warps"] == 12, (name, s)
         assert s["spill_bytes"] == 0 and s["injected_waits"] == 0, (name, s)
         assert s["shared"] <= SM90_SHARED_BYTES, (name, s["shared"])
+
+
+def test_gqa_row_packing_compiles_without_spills_with_triton_3_6() -> None:
+    """The packed forward (two query heads per item, a Q descriptor each, the producer at 32
+    registers as the host launches it): FA3's pieces, no spill, the softmax order kept."""
+    python = os.environ.get("THD_TRITON36_PYTHON", "")
+    if not python:
+        pytest.skip("THD_TRITON36_PYTHON is unset: name a Python with triton==3.6.0 (torch not needed)")
+    stats = compile_in_subprocess(python, ("d128-gqa-pack",), ptxas=True)["d128-gqa-pack"]
+    assert stats["wgmma_wait1"] > 0 and stats["tma_load"] > 0 and stats["num_warps"] == 12, stats
+    assert stats["spill_bytes"] == 0 and stats["injected_waits"] == 0, stats
+    assert min(stats["exp2_before_last_wait"]) >= 64, stats

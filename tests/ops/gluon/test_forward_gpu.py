@@ -131,6 +131,48 @@ def test_forward_head_dim_256_variants_and_accumulate_match_tl() -> None:
     assert torch.equal(partial_gl[0][~real], partial_tl[0][~real])
 
 
+SHORT = {  # every sequence within half a 128-row tile: GQA row packing applies
+    "short-packed": make_layout("short-packed", [40, 64, 1, 0, 33, 64], capacity_q=9),
+    "short-slots": make_layout("short-slots", [40, 64, 1, 33], pad_q=[8, 0, 63, 31], capacity_q=3),
+}
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize(("heads_q", "heads_kv"), [(8, 2), (4, 2)])
+@pytest.mark.parametrize("name", list(SHORT))
+def test_gqa_row_packing_on_short_sequences(
+    name: str, heads_q: int, heads_kv: int, causal: bool, dtype: torch.dtype
+) -> None:
+    layout = SHORT[name]
+    call_heads = (heads_q, heads_kv)
+    q, k, v, varlen, _, _ = _run(layout, *call_heads, 128, 128, dtype, AttentionOptions(0.1, causal=causal))
+    assert (
+        gluon_forward.packed_heads(
+            ForwardCall(q, k, v, varlen, AttentionOptions(0.1)), gluon_forward.TILES[128]
+        )
+        == 2
+    )
+
+
+def test_gqa_row_packing_variants_and_accumulate_match_tl() -> None:
+    """Window, sinks and a partial result to fold into (as ring steps pass them), packed, against
+    the float64 reference and then the tl forward doing the same fold."""
+    layout = SHORT["short-slots"]
+    sinks = torch.tensor([0.5, -1.0, 2.0, float("-inf"), 0.0, 1.0, -2.0, 0.25], device="cuda")
+    options = AttentionOptions(0.1, causal=True, window_size=(20, -1))
+    q, k, v, varlen, _, _ = _run(layout, 8, 2, 128, 128, BF16, options, sinks)
+    first = tl_forward(q, k, v, varlen, AttentionOptions(0.1, causal=True))
+    partial_tl = (first[0].float(), first[1].clone())
+    partial_gl = (first[0].float(), first[1].clone())
+    tl_forward(q, k, v, varlen, options, sinks, accumulate=partial_tl)
+    gluon_forward.forward(ForwardCall(q, k, v, varlen, options, sinks, partial_gl))
+    real = layout.real_rows("q", "cuda")
+    assert_close(partial_gl[0][real], partial_tl[0][real], "accumulated out vs tl", atol=2e-2, rtol=2e-2)
+    assert_close(partial_gl[1][:, real], partial_tl[1][:, real], "accumulated lse vs tl", atol=1e-3, rtol=0.0)
+    assert torch.equal(partial_gl[0][~real], partial_tl[0][~real])
+
+
 TWO_CONSUMERS = gluon_forward.GluonTile(128, 128, 4, 3)
 
 

@@ -153,3 +153,38 @@ def test_a_zero_scale_is_never_cached(recorded: _Recorder) -> None:
         assert len(gluon_forward.PLANS) == 0
         passed = next(a for a in recorded.calls[-1][1] if isinstance(a, float))  # the first float: the scale
         assert math.copysign(1.0, passed) == math.copysign(1.0, scale)
+
+
+@pytest.mark.parametrize(
+    ("heads", "max_seqlen", "head_dim", "packed"),
+    [
+        ((8, 2), 64, 128, True),  # group 4, every sequence within half a tile
+        ((4, 2), 40, 128, True),
+        ((6, 2), 64, 128, False),  # group 3: no pair of heads
+        ((8, 2), 65, 128, False),  # a sequence longer than half a tile
+        ((8, 2), None, 128, False),  # no stated bound
+        ((4, 4), 64, 128, False),  # no GQA
+        ((8, 2), 64, 64, False),  # the head-dim-64 tile has three consumer warpgroups
+        ((8, 2), 64, 256, False),  # not with the head-dim-256 tile
+    ],
+)
+def test_gqa_row_packing_takes_pairs_of_heads_on_short_sequences(
+    recorded: _Recorder, heads: tuple[int, int], max_seqlen: int | None, head_dim: int, packed: bool
+) -> None:
+    """Packed: ``PACK = 2``, the work list in half-tile query tiles (its count, the oracle: the
+    sequences' tiles of ``block_m / 2`` rows), half the heads as units in the grid, a producer of 32
+    registers; else the plain launch."""
+    lengths = (40, 64, 1, 33)
+    cu = torch.tensor([0, 40, 104, 105, 138], dtype=torch.int32)
+    q = torch.randn(138, heads[0], head_dim, dtype=torch.bfloat16)
+    k, v = (torch.randn(138, heads[1], head_dim, dtype=torch.bfloat16) for _ in range(2))
+    layout = VarlenLayout(cu, cu, max_seqlen_q=max_seqlen, max_seqlen_kv=max_seqlen)
+    gluon_forward.forward(ForwardCall(q, k, v, layout, AttentionOptions(0.1, causal=True)))
+    ((grid, args, kwargs),) = recorded.calls
+    tile = gluon_forward.TILES[head_dim]
+    tile_m = tile.block_m // (2 if packed else 1)
+    assert kwargs["PACK"] == (2 if packed else 1)
+    assert int(args[WORK_LIST_AT + 2][0]) == sum(-(-n // tile_m) for n in lengths)
+    capacity = args[WORK_LIST_AT].shape[0]
+    assert grid == (min(4, capacity * heads[0] // kwargs["PACK"]),)
+    assert kwargs["PRODUCER_REGS"] == (32 if packed else tile.producer_regs)

@@ -33,6 +33,7 @@ from thd.ops.attention.plan_keys import inputs_key
 
 __all__ = [
     "PLANS",
+    "packed_heads",
     "GluonTile",
     "TILES",
     "forward",
@@ -146,17 +147,32 @@ def _plan_key(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple:
     )
 
 
+def packed_heads(call: ForwardCall, tile: GluonTile) -> int:
+    """Query heads per work item: 2 (GQA row packing: each consumer warpgroup one head of a pair
+    sharing K/V, over half a tile of positions) when the tile has two consumer warpgroups, the
+    group is even, the head dims are at most 128 (packing is not built or tested with the
+    head-dim-256 tile) and no query sequence is longer than half a tile (``max_seqlen_q``, a host
+    value): one item then fills the tile two half-empty items would take; else 1."""
+    longest = call.layout.max_seqlen_q
+    group = call.q.shape[1] // call.k.shape[1]
+    short = longest is not None and longest <= tile.block_m // 2
+    narrow = max(call.q.shape[2], call.v.shape[2]) <= 128
+    return 2 if tile.consumers == 2 and group % 2 == 0 and short and narrow else 1
+
+
 def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> _ForwardPlan:
     q, k, v, layout, options, sinks, accumulate = call
     num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], layout.num_seqs
-    # the work list's capacity bounds the query tiles of any valid layout: rows / block_m + sequences
-    capacity = num_rows // tile.block_m + num_seqs + 1
+    pack = packed_heads(call, tile)
+    tile_m = tile.block_m // pack  # positions per work item
+    # the work list's capacity bounds the query tiles of any valid layout: rows / tile_m + sequences
+    capacity = num_rows // tile_m + num_seqs + 1
     work_list = PlannedLaunch(
         (num_seqs,),
         (num_seqs, num_rows, capacity),
-        {"BLOCK_M": tile.block_m, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
+        {"BLOCK_M": tile_m, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
     )
-    grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, capacity * num_heads),)
+    grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, capacity * (num_heads // pack)),)
     tail = (
         num_seqs,
         num_heads,
@@ -183,11 +199,12 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         "BLOCK_M": tile.block_m,
         "BLOCK_N": tile.block_n,
         "STAGES": tile.stages,
-        "PRODUCER_REGS": tile.producer_regs,
+        "PRODUCER_REGS": max(tile.producer_regs, 32) if pack == 2 else tile.producer_regs,  # 24: spills
         "NUM_WG": tile.consumers,
         "CONSUMER_REGS": tile.consumer_regs,
         "SLOTS": layout.cu_seqlens_q_padded is not None,
         "num_warps": tile.num_warps,
+        "PACK": pack,
         "maxnreg": tile.maxnreg,
     }
     return _ForwardPlan(tile, capacity, work_list, PlannedLaunch(grid, tail, keywords))

@@ -132,9 +132,11 @@ def _head_rows(ptr, start, stride_t, head, stride_h, num_rows, BLOCK_R: gl.const
 
 
 @gluon.jit
-def _load_item(item, kv_head, q_smem, first_part, q_full, ring, it, PARTS: gl.constexpr):
+def _load_item(item, kv_head, q_smem, first_part, q_full, ring, it, PARTS: gl.constexpr, PACK: gl.constexpr):
     """One work item's copies: descriptors bounded by the sequence's real rows (rows past them read
     as zeros), Q into ``q_buf``, then the K and V tiles ``[a, end)`` into the ``ring`` of stages.
+    With ``PACK = 2`` the item is two query heads ``head, head + 1`` (one K/V head) over half a
+    tile of positions each: Q holds the first head's rows, then the second's.
     Tile shapes come from the shared-memory buffers."""
     (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -148,7 +150,7 @@ def _load_item(item, kv_head, q_smem, first_part, q_full, ring, it, PARTS: gl.co
     HEAD_DIM_V: gl.constexpr = v_smem.shape[2]
     q_desc = _head_rows(
         ptr=q_ptr, start=q_start, stride_t=stride_qt, head=head, stride_h=stride_qh, num_rows=seqlen_q,
-        BLOCK_R=ROWS, WIDTH=HEAD_DIM,
+        BLOCK_R=ROWS // PACK, WIDTH=HEAD_DIM,
     )  # fmt: skip
     k_desc = _head_rows(
         ptr=k_ptr, start=k_start, stride_t=stride_kt, head=kv_head, stride_h=stride_kh, num_rows=seqlen_k,
@@ -158,9 +160,19 @@ def _load_item(item, kv_head, q_smem, first_part, q_full, ring, it, PARTS: gl.co
         ptr=v_ptr, start=k_start, stride_t=stride_vt, head=kv_head, stride_h=stride_vh, num_rows=seqlen_k,
         BLOCK_R=BLOCK_N, WIDTH=HEAD_DIM_V,
     )  # fmt: skip
-    mbarrier.expect(q_full, PARTS * q_desc.block_type.nbytes)
-    for part in gl.static_range(PARTS):
-        tma_load(q_desc, [(m_block * PARTS + part) * ROWS, 0], q_full, q_smem.index(first_part + part))
+    if PACK == 2:
+        q_next = _head_rows(
+            ptr=q_ptr, start=q_start, stride_t=stride_qt, head=head + 1, stride_h=stride_qh,
+            num_rows=seqlen_q, BLOCK_R=ROWS // 2, WIDTH=HEAD_DIM,
+        )  # fmt: skip
+        HALF: gl.constexpr = ROWS // 2
+        mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
+        tma_load(q_desc, [m_block * HALF, 0], q_full, q_smem.index(first_part).slice(0, HALF, dim=0))
+        tma_load(q_next, [m_block * HALF, 0], q_full, q_smem.index(first_part).slice(HALF, HALF, dim=0))
+    else:
+        mbarrier.expect(q_full, PARTS * q_desc.block_type.nbytes)
+        for part in gl.static_range(PARTS):
+            tma_load(q_desc, [(m_block * PARTS + part) * ROWS, 0], q_full, q_smem.index(first_part + part))
     for kn in range(a, end, BLOCK_N):
         s = it % STAGES
         free = ((it // STAGES) & 1) ^ 1
@@ -177,7 +189,7 @@ def _load_item(item, kv_head, q_smem, first_part, q_full, ring, it, PARTS: gl.co
 @gluon.jit
 def _producer(
     args, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-    NUM_WG: gl.constexpr,
+    NUM_WG: gl.constexpr, PACK: gl.constexpr,
 ):  # fmt: skip
     """The copies of this program's work items, in the order the consumer reads them. Q and the
     descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
@@ -186,20 +198,21 @@ def _producer(
     (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-        seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+        seq_ptr, blk_ptr, total, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
         rows_q, rows_k, window_left, window_right,
     ) = args  # fmt: skip
     ring = (k_smem, v_smem, k_full, v_full, k_empty, v_empty)
     it = 0
     t = 0
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
-    BLOCK_M: gl.constexpr = PARTS * q_smem.shape[1]
+    TILE_M: gl.constexpr = PARTS * q_smem.shape[1] // PACK  # positions per item
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
-        head, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
-            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+        unit, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
+            w, seq_ptr, blk_ptr, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
+        head = unit * PACK
         qi = t & 1
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
         item = (
@@ -207,9 +220,9 @@ def _producer(
             head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
         )  # fmt: skip
         if qi == 0:  # two call sites: two descriptor sets in the global scratch
-            it = _load_item(item, head // GROUP, q_smem, 0, q_bars.index(0), ring, it, PARTS)
+            it = _load_item(item, head // GROUP, q_smem, 0, q_bars.index(0), ring, it, PARTS, PACK)
         else:
-            it = _load_item(item, head // GROUP, q_smem, PARTS, q_bars.index(1), ring, it, PARTS)
+            it = _load_item(item, head // GROUP, q_smem, PARTS, q_bars.index(1), ring, it, PARTS, PACK)
         t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
 
 
@@ -305,7 +318,7 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
 def _consumer(
     args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
-    WG: gl.constexpr, NUM_WG: gl.constexpr,
+    WG: gl.constexpr, NUM_WG: gl.constexpr, PACK: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
@@ -314,7 +327,7 @@ def _consumer(
     (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h,
-        seq_ptr, blk_ptr, total, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+        seq_ptr, blk_ptr, total, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
         rows_q, rows_k, window_left, window_right, sm_scale, softcap,
     ) = args  # fmt: skip
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
@@ -338,15 +351,18 @@ def _consumer(
     it = 0
     t = 0
     k = 0
+    TILE_M: gl.constexpr = BLOCK_M // PACK  # positions per item
+    FIRST_ROW: gl.constexpr = 0 if PACK == 2 else WG * ROWS  # packed: each warpgroup its own head
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
-        head, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
-            w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+        unit, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
+            w, seq_ptr, blk_ptr, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
+        head = unit * PACK + (WG if PACK == 2 else 0)
         out_base = out_ptr + head * stride_oh + q_start * stride_ot
         lse_base = lse_ptr + head * stride_lse_h + q_start
-        rows = m_block * BLOCK_M + WG * ROWS + gl.arange(0, ROWS, layout=row_s)
-        rows_o = m_block * BLOCK_M + WG * ROWS + gl.arange(0, ROWS, layout=row_o)
+        rows = m_block * TILE_M + FIRST_ROW + gl.arange(0, ROWS, layout=row_s)
+        rows_o = m_block * TILE_M + FIRST_ROW + gl.arange(0, ROWS, layout=row_o)
         cols_o = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
         out_ptrs = out_base + gl.expand_dims(rows_o.to(gl.int64) * stride_ot, 1) + gl.expand_dims(cols_o, 0)
         out_mask = gl.expand_dims(rows_o < seqlen_q, 1) & gl.expand_dims(cols_o < HEAD_DIM_V, 0)
@@ -446,7 +462,7 @@ def attention_fwd_kernel(
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    SLOTS: gl.constexpr,
+    SLOTS: gl.constexpr, PACK: gl.constexpr,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
     list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
@@ -455,7 +471,8 @@ def attention_fwd_kernel(
             out_ptr, lse_ptr, stride_ot, stride_oh, stride_lse_h, cu_q_ptr, cup_q_ptr, num_seqs, num_heads,
             rows_q, HEAD_DIM_V, SLOTS,
         )  # fmt: skip
-    total = gl.load(count_ptr) * num_heads
+    units = num_heads // PACK  # an item's heads: one, or with PACK = 2 a pair sharing K/V (NUM_WG = 2)
+    total = gl.load(count_ptr) * units
 
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     # Q of two query tiles (double-buffered by item parity): one buffer each, or with three
@@ -492,26 +509,26 @@ def attention_fwd_kernel(
     # constexprs are spelled out in each entry.
     consumer = (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
-        sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, num_heads,
+        sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, units,
         cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
         window_left, window_right, sm_scale, softcap,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, seq_ptr, blk_ptr, total,
-        num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+        units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
         window_left, window_right,
     )  # fmt: skip
     if NUM_WG == 3:  # three 4-warp consumer partitions taking turns, and the producer warp
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 3)),
+                             ACCUMULATE, 0, 3, PACK)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 3)),
+                             ACCUMULATE, 1, 3, PACK)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 2, 3)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG)),
+                             ACCUMULATE, 2, 3, PACK)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK)),
             ],
             [4, 4, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
@@ -520,10 +537,10 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 2)),
+                             ACCUMULATE, 0, 2, PACK)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 2)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG)),
+                             ACCUMULATE, 1, 2, PACK)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -532,8 +549,8 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 1)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG)),
+                             ACCUMULATE, 0, 1, PACK)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK)),
             ],
             [1],
             [PRODUCER_REGS],
