@@ -3,7 +3,7 @@ when ``flash_attn.cute`` imports), on the table rows of issue 24.
 
 bf16, 16 heads, causal documents with uniform random lengths in a mix, packed or in slots rounded up
 to a multiple of rows; TFLOP/s counted on real tokens; each provider's calls back to back between
-one pair of CUDA events (``_common.bench_back_to_back``). ``--tiles64``/``--tiles128`` sweep
+one pair of CUDA events (``_common.bench_back_to_back``). ``--tiles64``/``--tiles128``/``--tiles256`` sweep
 Gluon tiles (``BMxBNwWARPSsSTAGEScCONSUMERS[rREGSpCTAS]``). Every Gluon
 output is checked against the ``tl`` output on real rows before it is timed. Writes one JSON
 document (command, commit, GPU, versions, records) after every row.
@@ -213,10 +213,10 @@ def main() -> int:
     parser.add_argument(
         "--rows", nargs="*", default=None, help="D,TOKENS:MIX[:SLOT] (default: issue 24's table)"
     )
-    parser.add_argument("--tiles64", nargs="*", type=_tile, default=None, help="Gluon tiles for head dim 64")
-    parser.add_argument(
-        "--tiles128", nargs="*", type=_tile, default=None, help="Gluon tiles for head dim 128"
-    )
+    for dim in (64, 128, 256):
+        parser.add_argument(
+            f"--tiles{dim}", nargs="*", type=_tile, default=None, help=f"Gluon tiles for head dim {dim}"
+        )
     parser.add_argument("--fa4", action="store_true", help="time FlashAttention-4 as well")
     parser.add_argument("--rep-ms", type=float, default=200.0)
     args = parser.parse_args()
