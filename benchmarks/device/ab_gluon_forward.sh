@@ -5,6 +5,7 @@
 #   here:   rm -rf .ab && mkdir .ab && git archive <exp-commit> src | tar -x -C .ab   (.ab/ in .git/info/exclude)
 #   device: carry [".ab"], command: bash benchmarks/device/ab_gluon_forward.sh .ab/src [rounds]
 # Prints each row's median TFLOP/s per tree and exp/base; the JSONs land in $OUT/ab-<tree>-<round>.json.
+# AB_TEST_ARGS: pytest arguments narrowing exp's tests (e.g. -k "matches_reference"); AB_ROWS: the rows.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 EXP=${1:?usage: ab_gluon_forward.sh EXP_SRC [ROUNDS]}
@@ -15,7 +16,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 echo "== exp: Gluon forward GPU tests"
 # a kernel that hangs is cut by `timeout` (the call's own limit would take the whole lease)
 PYTHONPATH=$EXP:. timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 120 \
-  tests/ops/gluon/test_forward_gpu.py 2>&1 | tail -3 || { echo "exp: forward tests failed or hung"; exit 1; }
+  tests/ops/gluon/test_forward_gpu.py ${AB_TEST_ARGS:-} 2>&1 | tail -3 || { echo "exp: forward tests failed or hung"; exit 1; }
 for i in $(seq "$ROUNDS"); do
   for tree in base exp; do
     src=src; [ "$tree" = exp ] && src=$EXP
