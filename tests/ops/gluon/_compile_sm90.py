@@ -34,6 +34,7 @@ MARKERS = {
     "sm_90a": r"\.target sm_90a",
     "atomic_f32": r"(?:red|atom)\.global\.\S*add\S*f32",
     "tensormap": r"tensormap\.replace",
+    "clock64": r"%clock64",
 }
 _INT = {
     "cu_q_ptr",
@@ -85,8 +86,11 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
         "CONSUMER_REGS": 240,
         "SLOTS": True,
         "PACK": 1,
+        "PROFILE": False,
     }
     meta.update(flags)
+    if not meta["PROFILE"]:
+        meta["prof_ptr"] = None
     num_warps = 4 if meta["NUM_WG"] > 1 else 8
     fp32 = frozenset({"lse_ptr", "sinks_ptr"})
     return Config(
@@ -125,6 +129,10 @@ CONFIGS: dict[str, Config] = {
     # forward
     "d128-causal-bf16": _forward(),
     "d128-causal-bf16-one-consumer": _forward(NUM_WG=1),
+    "d128-causal-bf16-profile": _forward(PROFILE=True, PRODUCER_REGS=32),
+    "d64-causal-bf16-profile": _forward(
+        64, 64, BLOCK_M=192, STAGES=3, NUM_WG=3, CONSUMER_REGS=160, PROFILE=True, PRODUCER_REGS=32
+    ),
     "d64-fp16": _forward(
         64, 64, "fp16", HAS_RIGHT=False, STAGES=3, SLOTS=False, BLOCK_M=192, NUM_WG=3, CONSUMER_REGS=160
     ),
@@ -192,8 +200,10 @@ def _import_kernels(module: str) -> types.ModuleType:
 def _signature(fn, config: Config) -> dict[str, str]:  # type: ignore[no-untyped-def]
     signature = {}
     for index, name in enumerate(fn.arg_names):
-        if index in fn.constexprs:
+        if index in fn.constexprs or (name == "prof_ptr" and name in config.constexprs):
             signature[name] = "constexpr"
+        elif name == "prof_ptr":
+            signature[name] = "*i32"
         elif name in config.fp32:
             signature[name] = "*fp32"
         elif name in _INT:

@@ -90,3 +90,15 @@ def test_gqa_row_packing_compiles_without_spills_with_triton_3_6() -> None:
     assert stats["wgmma_wait1"] > 0 and stats["tma_load"] > 0 and stats["num_warps"] == 12, stats
     assert stats["spill_bytes"] == 0 and stats["injected_waits"] == 0, stats
     assert min(stats["exp2_before_last_wait"]) >= 64, stats
+
+
+def test_the_wait_profile_compiles_out_unless_asked_for() -> None:
+    """``PROFILE`` adds ``%clock64`` reads (the wait profile of ``profile_gluon_waits.py``); the
+    kernel users get has none and keeps its registers without spills."""
+    pytest.importorskip("triton.experimental.gluon")
+    python = os.environ.get("THD_TRITON36_PYTHON", "")
+    if not python:
+        pytest.skip("THD_TRITON36_PYTHON is unset: name a Python with triton==3.6.0 (torch not needed)")
+    stats = compile_in_subprocess(python, ("d128-causal-bf16", "d128-causal-bf16-profile"), ptxas=True)
+    assert stats["d128-causal-bf16"]["clock64"] == 0 and stats["d128-causal-bf16"]["spill_bytes"] == 0
+    assert stats["d128-causal-bf16-profile"]["clock64"] > 0

@@ -328,3 +328,31 @@ def test_forward_without_max_seqlen_or_with_an_underestimate() -> None:
             torch.cuda.set_sync_debug_mode("default")
         ref_out, ref_lse = _reference(q, k, v, base, options)
         _check(layout, out, lse, ref_out, ref_lse, BF16)
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_wait_profile_counts_every_item_and_tile_and_keeps_the_output(
+    dim: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``WAIT_PROFILE`` set the kernel gives the same output and counts, summed over programs,
+    every work item once per consumer warpgroup and every key tile once per partition (the oracle:
+    each document's causal query tiles and the key tiles up to each one's last row, times the heads)."""
+    layout = LAYOUTS["packed"]
+    options = AttentionOptions(dim**-0.5, causal=True)
+    q, k, v, varlen, out, lse = _run(layout, 4, 2, dim, dim, BF16, options)
+    tile = gluon_forward.tile_for(dim, dim)
+    buffer = torch.zeros(tile.consumers + 1, 16, dtype=torch.int32, device="cuda")
+    monkeypatch.setattr(gluon_forward, "WAIT_PROFILE", buffer)
+    profiled_out, profiled_lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
+    assert torch.equal(profiled_out, out) and torch.equal(profiled_lse, lse)
+    bm, bn = tile.block_m, tile.block_n
+    tiles = [[-(-min((m + 1) * bm, n) // bn) for m in range(-(-n // bm))] for n in layout.lens_q]
+    items = 4 * sum(len(t) for t in tiles)
+    key_tiles = 4 * sum(sum(t) for t in tiles)
+    counts = buffer.cpu().tolist()
+    for wg in range(tile.consumers):
+        row = counts[wg]
+        assert row[10] == items and row[9] == key_tiles, (wg, row)
+        assert row[0] > 0 and all(0 <= x <= row[0] for x in row[1:9]), (wg, row)
+    producer = counts[tile.consumers]
+    assert producer[6] == items and producer[5] == key_tiles, producer

@@ -205,6 +205,8 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         "SLOTS": layout.cu_seqlens_q_padded is not None,
         "num_warps": tile.num_warps,
         "PACK": pack,
+        "prof_ptr": None,
+        "PROFILE": False,
         "maxnreg": tile.maxnreg,
     }
     return _ForwardPlan(tile, capacity, work_list, PlannedLaunch(grid, tail, keywords))
@@ -257,5 +259,17 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     seq, blk, count = _work_list(layout, plan, reused)
     _, layout_args = sequence_args(layout)
     head = (q, k, v, out, lse, q if sinks is None else sinks, *layout_args, seq, blk, count)
+    if WAIT_PROFILE is not None:  # the wait profile (benchmarks/device/profile_gluon_waits.py)
+        launch = plan.attention
+        keywords = {**launch.keywords, "prof_ptr": WAIT_PROFILE, "PROFILE": True}
+        keywords["PRODUCER_REGS"] = max(keywords["PRODUCER_REGS"], 32)
+        attention_fwd_kernel[launch.grid](*head, *launch.tail, **keywords)
+        return out, lse
     plan.attention.run(attention_fwd_kernel, head, reused)
     return out, lse
+
+
+WAIT_PROFILE: Tensor | None = None
+"""An int32 buffer of ``(consumers + 1) x 16`` cycle counters: while set, every forward launch adds
+its consumer warpgroups' (rows ``0 .. consumers - 1``) and producer's (row ``consumers``) wait
+cycles to it (``forward_kernel``'s ``PROFILE``)."""

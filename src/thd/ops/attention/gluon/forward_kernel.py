@@ -132,7 +132,10 @@ def _head_rows(ptr, start, stride_t, head, stride_h, num_rows, BLOCK_R: gl.const
 
 
 @gluon.jit
-def _load_item(item, kv_head, q_smem, first_part, q_full, ring, it, PARTS: gl.constexpr, PACK: gl.constexpr):
+def _load_item(
+    item, kv_head, q_smem, first_part, q_full, ring, it, waited, PARTS: gl.constexpr, PACK: gl.constexpr,
+    PROFILE: gl.constexpr,
+):  # fmt: skip
     """One work item's copies: descriptors bounded by the sequence's real rows (rows past them read
     as zeros), Q into ``q_buf``, then the K and V tiles ``[a, end)`` into the ``ring`` of stages.
     With ``PACK = 2`` the item is two query heads ``head, head + 1`` (one K/V head) over half a
@@ -176,20 +179,28 @@ def _load_item(item, kv_head, q_smem, first_part, q_full, ring, it, PARTS: gl.co
     for kn in range(a, end, BLOCK_N):
         s = it % STAGES
         free = ((it // STAGES) & 1) ^ 1
+        if PROFILE:
+            c0 = _tick(it)
         mbarrier.wait(k_empty.index(s), free)
+        if PROFILE:
+            c1 = _tick(it)
         mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
         tma_load(k_desc, [kn, 0], k_full.index(s), k_smem.index(s))
+        if PROFILE:
+            c2 = _tick(it)
         mbarrier.wait(v_empty.index(s), free)
+        if PROFILE:
+            waited += ((c1 - c0) + (_tick(it) - c2)).to(gl.int32)
         mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
         tma_load(v_desc, [kn, 0], v_full.index(s), v_smem.index(s))
         it += 1
-    return it
+    return it, waited
 
 
 @gluon.jit
 def _producer(
     args, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-    NUM_WG: gl.constexpr, PACK: gl.constexpr,
+    NUM_WG: gl.constexpr, PACK: gl.constexpr, PROFILE: gl.constexpr,
 ):  # fmt: skip
     """The copies of this program's work items, in the order the consumer reads them. Q and the
     descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
@@ -199,31 +210,56 @@ def _producer(
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
         seq_ptr, blk_ptr, total, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-        rows_q, rows_k, window_left, window_right,
+        rows_q, rows_k, window_left, window_right, prof_ptr,
     ) = args  # fmt: skip
     ring = (k_smem, v_smem, k_full, v_full, k_empty, v_empty)
     it = 0
     t = 0
+    waited = 0
+    if PROFILE:  # cycles: waiting for free K/V stages, item geometry, Q buffer waits, issuing copies
+        start = _tick(t)
+        waited = 0
+        p_item = 0
+        p_q = 0
+        p_load = 0
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     TILE_M: gl.constexpr = PARTS * q_smem.shape[1] // PACK  # positions per item
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
+        if PROFILE:
+            c0 = _tick(t)
         unit, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
             w, seq_ptr, blk_ptr, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
             rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
         head = unit * PACK
         qi = t & 1
+        if PROFILE:
+            c1 = _tick(end)
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
+        if PROFILE:
+            c2 = _tick(end)
+            p_item += (c1 - c0).to(gl.int32)
+            p_q += (c2 - c1).to(gl.int32)
         item = (
             q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
             head, m_block, q_start, seqlen_q, k_start, seqlen_k, a, end,
         )  # fmt: skip
         if qi == 0:  # two call sites: two descriptor sets in the global scratch
-            it = _load_item(item, head // GROUP, q_smem, 0, q_bars.index(0), ring, it, PARTS, PACK)
+            it, waited = _load_item(
+                item, head // GROUP, q_smem, 0, q_bars.index(0), ring, it, waited, PARTS, PACK, PROFILE
+            )
         else:
-            it = _load_item(item, head // GROUP, q_smem, PARTS, q_bars.index(1), ring, it, PARTS, PACK)
-        t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
+            it, waited = _load_item(
+                item, head // GROUP, q_smem, PARTS, q_bars.index(1), ring, it, waited, PARTS, PACK, PROFILE
+            )
+        if PROFILE:
+            p_load += (_tick(it) - c2).to(gl.int32)
+        t += 1
+    if PROFILE:  # row NUM_WG: total, geometry, Q buffer waits, copies, stage waits in them, tiles, items
+        z = gl.to_tensor(0)
+        total_cycles = (_tick(t) - start).to(gl.int32)
+        _record(prof_ptr, NUM_WG, (total_cycles, p_item, p_q, p_load, waited, z + it, z + t))
 
 
 # ----------------------------------------------------------------------------- consumer
@@ -289,6 +325,22 @@ def _after_softmax(l_i):
 
 
 @gluon.jit
+def _tick(anchor):
+    """``%clock64`` (a volatile read, ordered with the other volatile operations; ``anchor`` only
+    gives it an operand). The wait profile's clock: ``PROFILE`` only."""
+    return gl.inline_asm_elementwise(
+        "mov.u64 $0, %clock64;", "=l,r", [anchor], dtype=gl.int64, is_pure=False, pack=1
+    )
+
+
+@gluon.jit
+def _record(prof_ptr, slot, counters):
+    """Add a partition's counters to row ``slot`` (16 int32 each) of the profile buffer."""
+    for i in gl.static_range(len(counters)):
+        gl.atomic_add(prof_ptr + slot * 16 + i, counters[i])
+
+
+@gluon.jit
 def _release(bar):
     """Arrive on ``bar`` once every warp of this partition got here (the arrive is one thread's)."""
     cta_barrier()
@@ -318,7 +370,7 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
 def _consumer(
     args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
-    WG: gl.constexpr, NUM_WG: gl.constexpr, PACK: gl.constexpr,
+    WG: gl.constexpr, NUM_WG: gl.constexpr, PACK: gl.constexpr, PROFILE: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
@@ -328,7 +380,7 @@ def _consumer(
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h,
         seq_ptr, blk_ptr, total, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-        rows_q, rows_k, window_left, window_right, sm_scale, softcap,
+        rows_q, rows_k, window_left, window_right, sm_scale, softcap, prof_ptr,
     ) = args  # fmt: skip
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     BLOCK_M: gl.constexpr = PARTS * q_smem.shape[1]
@@ -353,7 +405,19 @@ def _consumer(
     k = 0
     TILE_M: gl.constexpr = BLOCK_M // PACK  # positions per item
     FIRST_ROW: gl.constexpr = 0 if PACK == 2 else WG * ROWS  # packed: each warpgroup its own head
+    if PROFILE:  # cycles per place (see the _record call at the end)
+        start = _tick(t)
+        c_item = 0
+        c_q = 0
+        c_k = 0
+        c_v = 0
+        c_turn = 0
+        c_s = 0
+        c_pv = 0
+        c_end = 0
     for w in range(gl.program_id(0), total, gl.num_programs(0)):
+        if PROFILE:
+            e0 = _tick(t)
         unit, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
             w, seq_ptr, blk_ptr, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
             rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
@@ -384,16 +448,28 @@ def _consumer(
                 q_buf = q_buf.slice(WG * ROWS, ROWS, dim=0)
         else:  # this warpgroup's own buffer
             q_buf = q_smem.index(qi * PARTS + WG)
+        if PROFILE:
+            e1 = _tick(end)
+            c_item += (e1 - e0).to(gl.int32)
         mbarrier.wait(q_bars.index(qi), (t >> 1) & 1)
+        if PROFILE:
+            c_q += (_tick(end) - e1).to(gl.int32)
         num_tiles = gl.cdiv(end - a, BLOCK_N)
         if num_tiles > 0:
             s_idx = it % STAGES
             phase = (it // STAGES) & 1
+            if PROFILE:
+                e2 = _tick(it)
             mbarrier.wait(k_full.index(s_idx), phase)
+            if PROFILE:
+                e3 = _tick(it)
+                c_k += (e3 - e2).to(gl.int32)
             s = warpgroup_mma(
                 q_buf, k_smem.index(s_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
             )
             s = warpgroup_mma_wait(0, deps=[s])
+            if PROFILE:
+                c_s += (_tick(it) - e3).to(gl.int32)
             _release(k_empty.index(s_idx))  # K is read: its stage may take the next K
             p, m_i, l_i, alpha = _softmax_step(
                 s, m_i, l_i, a, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
@@ -405,15 +481,30 @@ def _consumer(
                 kn = a + j * BLOCK_N
                 n_idx = (it + 1) % STAGES
                 n_phase = ((it + 1) // STAGES) & 1
+                if PROFILE:
+                    f0 = _tick(it)
                 mbarrier.wait(k_full.index(n_idx), n_phase)
+                if PROFILE:
+                    f1 = _tick(it)
                 mbarrier.wait(v_full.index(s_idx), phase)
+                if PROFILE:
+                    f2 = _tick(it)
                 k = _turn(turns, WG, NUM_WG, k)
+                if PROFILE:
+                    f3 = _tick(k)
+                    c_k += (f1 - f0).to(gl.int32)
+                    c_v += (f2 - f1).to(gl.int32)
+                    c_turn += (f3 - f2).to(gl.int32)
                 s = warpgroup_mma(
                     q_buf, k_smem.index(n_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
                 )
                 acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
                 _pass_turn(turns, WG, NUM_WG)
+                if PROFILE:
+                    f4 = _tick(k)
                 s = warpgroup_mma_wait(1, deps=[s])  # this tile's scores; P V still in flight
+                if PROFILE:
+                    c_s += (_tick(k) - f4).to(gl.int32)
                 _release(k_empty.index(n_idx))  # K of tile j is read
                 p, m_i, l_i, alpha = _softmax_step(
                     s, m_i, l_i, kn, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
@@ -421,22 +512,40 @@ def _consumer(
                 )  # fmt: skip
                 if NUM_WG == 2:  # measured: +5 % at head dim 128; -9 % with three consumers
                     l_i = _after_softmax(l_i)
+                if PROFILE:
+                    f5 = _tick(k)
                 acc = warpgroup_mma_wait(0, deps=[acc])
+                if PROFILE:
+                    c_pv += (_tick(k) - f5).to(gl.int32)
                 _release(v_empty.index(s_idx))
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 it += 1
                 s_idx = n_idx
                 phase = n_phase
+            if PROFILE:
+                g0 = _tick(it)
             mbarrier.wait(v_full.index(s_idx), phase)
+            if PROFILE:
+                g1 = _tick(it)
             k = _turn(turns, WG, NUM_WG, k)
+            if PROFILE:
+                g2 = _tick(k)
+                c_v += (g1 - g0).to(gl.int32)
+                c_turn += (g2 - g1).to(gl.int32)
             acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG)
+            if PROFILE:
+                g3 = _tick(k)
             acc = warpgroup_mma_wait(0, deps=[acc])
+            if PROFILE:
+                c_pv += (_tick(k) - g3).to(gl.int32)
             _release(v_empty.index(s_idx))
             it += 1
         _release(q_bars.index(2 + qi))
-        t += 1  # noqa: SIM113 -- a loop-carried counter of the kernel
+        t += 1
+        if PROFILE:
+            e4 = _tick(t)
         if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
             m_i, l_i, alpha = fold_sink(m_i=m_i, l_i=l_i, sinks_ptr=sinks_ptr, head=head)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -446,6 +555,13 @@ def _consumer(
         lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
         gl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
         gl.store(lse_base + rows, lse, mask=rows < seqlen_q)
+        if PROFILE:
+            c_end += (_tick(t) - e4).to(gl.int32)
+    if PROFILE:  # row WG: total, item geometry, Q, K, V, turn, S, P V waits, epilogue, tiles, items
+        z = gl.to_tensor(0)
+        total_cycles = (_tick(t) - start).to(gl.int32)
+        counters = (total_cycles, c_item, c_q, c_k, c_v, c_turn, c_s, c_pv, c_end, z + it, z + t)
+        _record(prof_ptr, WG, counters)
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -462,7 +578,7 @@ def attention_fwd_kernel(
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    SLOTS: gl.constexpr, PACK: gl.constexpr,
+    SLOTS: gl.constexpr, PACK: gl.constexpr, prof_ptr=None, PROFILE: gl.constexpr = False,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
     list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
@@ -511,24 +627,24 @@ def attention_fwd_kernel(
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, units,
         cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-        window_left, window_right, sm_scale, softcap,
+        window_left, window_right, sm_scale, softcap, prof_ptr,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, seq_ptr, blk_ptr, total,
         units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-        window_left, window_right,
+        window_left, window_right, prof_ptr,
     )  # fmt: skip
     if NUM_WG == 3:  # three 4-warp consumer partitions taking turns, and the producer warp
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 3, PACK)),
+                             ACCUMULATE, 0, 3, PACK, PROFILE)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 3, PACK)),
+                             ACCUMULATE, 1, 3, PACK, PROFILE)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 2, 3, PACK)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK)),
+                             ACCUMULATE, 2, 3, PACK, PROFILE)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE)),
             ],
             [4, 4, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
@@ -537,10 +653,10 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 2, PACK)),
+                             ACCUMULATE, 0, 2, PACK, PROFILE)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 2, PACK)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK)),
+                             ACCUMULATE, 1, 2, PACK, PROFILE)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -549,8 +665,8 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 1, PACK)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK)),
+                             ACCUMULATE, 0, 1, PACK, PROFILE)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE)),
             ],
             [1],
             [PRODUCER_REGS],
