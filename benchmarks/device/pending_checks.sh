@@ -3,7 +3,9 @@
 # branch checks of the earlier list ran on 2026-12-06 (H100): results in benchmarks/results/
 # (gluon-fwd-meta-, gluon-fwd-vstages-, gluon-bwd-early-exit-ab-h100.json, gluon-d256-8871d33-h100.json).
 #   device: bash benchmarks/device/pending_checks.sh 1   (then ... 2, ... 3)
-# Call 1: main's whole Gluon forward and backward GPU test files and fast launch. The merges of
+# Call 1: main's whole Gluon forward GPU test file (with the wait profile's test), then the wait
+#   profile itself (benchmarks/device/profile_gluon_waits.py: where each partition's cycles go), then
+#   the backward file and fast launch. The merges of
 #   head dim 256, GQA packing and the backward's early exit passed at their branch tips; on the merged
 #   main (8871d33) the forward file without head dim 256 was cut by the time limit after 43 passed.
 # Call 2: the threaded-ring hang under prefer-gluon, with every thread's stack in $OUT.
@@ -19,9 +21,12 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 case "${1:?usage: pending_checks.sh 1|2|3}" in
 1)
   echo "== Gluon forward $(date +%T)"
-  gpu_tests 330 tests/ops/gluon/test_forward_gpu.py
+  gpu_tests 300 tests/ops/gluon/test_forward_gpu.py
+  echo "== wait profile $(date +%T)"
+  PYTHONPATH=src:. timeout 90 python3 benchmarks/device/profile_gluon_waits.py --out "${OUT:-/tmp}/gluon-waits.json" \
+    --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -5
   echo "== Gluon backward and fast launch $(date +%T)"
-  gpu_tests 220 tests/ops/gluon/test_backward_gpu.py tests/ops/test_fast_launch.py
+  gpu_tests 180 tests/ops/gluon/test_backward_gpu.py tests/ops/test_fast_launch.py
   ;;
 2)
   timeout 590 bash benchmarks/device/diagnose_ring_hang.sh
