@@ -9,8 +9,10 @@
 #   head dim 256, GQA packing and the backward's early exit passed at their branch tips; on the merged
 #   main (8871d33) the forward file without head dim 256 was cut by the time limit after 43 passed.
 # Call 2: the threaded-ring hang under prefer-gluon, with every thread's stack in $OUT.
-# Call 3: the rest of the prefer-gluon GPU suite (attention, variants, ring) through iteration.sh's
-#   test step; FA4 tests need fa4-wheels.sh's stage call first.
+# Call 3: the rest of the prefer-gluon GPU suite (attention, variants, ring); FA4 tests need
+#   fa4-wheels.sh's stage call first.
+# Call 4: the A/B of branch fwd-kfirst (the producer issues K one tile ahead of V); first, here:
+#   rm -rf .ab && mkdir .ab && git archive fwd-kfirst src | tar -x -C .ab   (carry [".ab"])
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 gpu_tests() {  # $1: seconds, the rest: pytest arguments
@@ -18,7 +20,7 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
   PYTHONPATH=src:. timeout "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 120 -rf "$@" 2>&1 | tail -8
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4}" in
 1)
   echo "== Gluon forward $(date +%T)"
   gpu_tests 300 tests/ops/gluon/test_forward_gpu.py
@@ -33,6 +35,9 @@ case "${1:?usage: pending_checks.sh 1|2|3}" in
   ;;
 3)
   THD_KERNELS=prefer-gluon gpu_tests 580 tests/ops tests/cp --ignore=tests/ops/gluon
+  ;;
+4)
+  timeout 580 bash benchmarks/device/ab_gluon_forward.sh .ab/src 2
   ;;
 esac
 echo "== done $(date +%T)"
