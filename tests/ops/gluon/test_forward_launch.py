@@ -188,3 +188,23 @@ def test_gqa_row_packing_takes_pairs_of_heads_on_short_sequences(
     capacity = args[WORK_LIST_AT].shape[0]
     assert grid == (min(4, capacity * heads[0] // kwargs["PACK"]),)
     assert kwargs["PRODUCER_REGS"] == (32 if packed else tile.producer_regs)
+
+
+def test_wait_profile_launch_differs_from_the_plain_launch_only_in_the_profile(
+    recorded: _Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``WAIT_PROFILE`` set: the same grid and arguments, ``PROFILE`` on with the buffer as
+    ``prof_ptr`` and at least 32 producer registers (its counters); unset: profile off."""
+    q, k, v, cu = _batch(0, (70, 130))
+    call = ForwardCall(q, k, v, VarlenLayout(cu, cu), AttentionOptions(0.1, causal=True))
+    gluon_forward.forward(call)
+    buffer = torch.zeros(3, 16, dtype=torch.int32)
+    monkeypatch.setattr(gluon_forward, "WAIT_PROFILE", buffer)
+    gluon_forward.forward(call)
+    (grid, args, plain), (grid_p, args_p, profiled) = recorded.calls
+    assert plain["PROFILE"] is False and plain["prof_ptr"] is None
+    assert profiled["PROFILE"] is True and profiled["prof_ptr"] is buffer
+    assert profiled["PRODUCER_REGS"] == max(plain["PRODUCER_REGS"], 32)
+    assert grid_p == grid and len(args_p) == len(args)
+    same = {key for key in plain if key not in {"PROFILE", "prof_ptr", "PRODUCER_REGS"}}
+    assert all(profiled[key] == plain[key] for key in same)
