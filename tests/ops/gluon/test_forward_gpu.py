@@ -356,3 +356,22 @@ def test_wait_profile_counts_every_item_and_tile_and_keeps_the_output(
         assert row[0] > 0 and all(0 <= x <= row[0] for x in row[1:9]), (wg, row)
     producer = counts[tile.consumers]
     assert producer[6] == items and producer[5] == key_tiles, producer
+
+
+def test_offsets_written_in_place_get_a_new_work_list() -> None:
+    """A call on offsets that were written in place since the previous call on the same tensors
+    (the cached work list must not be reused): the output is the new layout's."""
+    _skip_unless_sm90()
+    old = LAYOUTS["packed"]
+    new = make_layout("packed-reordered", [64, 517, 0, 128, 1, 300], capacity_q=37)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, _ = make_qkv(new, 4, 2, 128, 128, BF16, "cuda", generator=gen)
+    varlen = _varlen(old)
+    options = AttentionOptions(128**-0.5, causal=True)
+    gluon_forward.forward(ForwardCall(q, k, v, varlen, options))  # caches the old layout's list
+    moved = _varlen(new)
+    for name in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
+        if getattr(varlen, name) is not None:
+            getattr(varlen, name).copy_(getattr(moved, name))
+    out, lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
+    _check(new, out, lse, *_reference(q, k, v, moved, options), BF16)

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("triton.experimental.gluon")
 
 from thd.ops.attention.gluon import forward as gluon_forward
-from thd.ops.attention.gluon import forward_kernel
+from thd.ops.attention.gluon import forward_kernel, schedule, work_lists
 from thd.ops.attention.params import AttentionOptions, ForwardCall, VarlenLayout
 
 LAUNCH_OPTIONS = {"num_warps", "maxnreg"}
@@ -67,8 +67,10 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
     monkeypatch.setattr(gluon_forward, "num_sms", lambda index: 4)
     monkeypatch.setattr(gluon_forward, "device_index", lambda device: 0)
     gluon_forward.PLANS.clear()
+    work_lists.clear_work_lists()
     yield recorder
     gluon_forward.PLANS.clear()
+    work_lists.clear_work_lists()
 
 
 def _batch(seed: int, lengths: tuple[int, ...], head_dim: int = 128) -> tuple[torch.Tensor, ...]:
@@ -208,3 +210,67 @@ def test_wait_profile_launch_differs_from_the_plain_launch_only_in_the_profile(
     assert grid_p == grid and len(args_p) == len(args)
     same = {key for key in plain if key not in {"PROFILE", "prof_ptr", "PRODUCER_REGS"}}
     assert all(profiled[key] == plain[key] for key in same)
+
+
+class _CountingBuilds:
+    """``schedule.build_work_list`` that counts its launches (and runs them)."""
+
+    def __init__(self) -> None:
+        self.real = schedule.build_work_list
+        self.launches = 0
+
+    def __getitem__(self, grid: tuple):  # type: ignore[no-untyped-def]
+        self.launches += 1
+        return self.real[grid]
+
+
+@pytest.fixture
+def builds(monkeypatch: pytest.MonkeyPatch) -> _CountingBuilds:
+    counting = _CountingBuilds()
+    monkeypatch.setattr(schedule, "build_work_list", counting)
+    return counting
+
+
+def _work_list_of(recorded: _Recorder) -> tuple:
+    args = recorded.calls[-1][1]
+    return args[WORK_LIST_AT : WORK_LIST_AT + 3]
+
+
+def test_work_list_is_built_once_for_the_same_unchanged_offsets(
+    recorded: _Recorder, builds: _CountingBuilds
+) -> None:
+    """The same offset tensors again: no second build, the very same list; offsets written in
+    place, or equal values in new tensors: built again, with the count of the new values."""
+    q, k, v, cu = _batch(0, (70, 130))
+    call = ForwardCall(q, k, v, VarlenLayout(cu, cu), AttentionOptions(0.1, causal=True))
+    gluon_forward.forward(call)
+    first = _work_list_of(recorded)
+    gluon_forward.forward(call)
+    assert builds.launches == 1
+    assert all(a is b for a, b in zip(_work_list_of(recorded), first, strict=True))
+    cu[1:] = torch.tensor([10, 200], dtype=torch.int32)  # in place: the version moves
+    gluon_forward.forward(call)
+    assert builds.launches == 2
+    assert int(_work_list_of(recorded)[2][0]) == 1 + 2  # 10 rows: one tile; 190 rows: two
+    same_values = cu.clone()
+    gluon_forward.forward(call._replace(layout=VarlenLayout(same_values, same_values)))
+    assert builds.launches == 3
+    assert work_lists.work_list_counts["hits"] >= 1
+
+
+def test_work_list_is_built_every_time_under_capture_and_for_inference_tensors(
+    recorded: _Recorder, builds: _CountingBuilds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, k, v, cu = _batch(0, (70, 130))
+    call = ForwardCall(q, k, v, VarlenLayout(cu, cu), AttentionOptions(0.1, causal=True))
+    monkeypatch.setattr(work_lists, "is_capturing", lambda: True)
+    gluon_forward.forward(call)
+    gluon_forward.forward(call)
+    assert builds.launches == 2
+    monkeypatch.setattr(work_lists, "is_capturing", lambda: False)
+    with torch.inference_mode():
+        frozen = cu.clone()
+    call = call._replace(layout=VarlenLayout(frozen, frozen))
+    gluon_forward.forward(call)
+    gluon_forward.forward(call)
+    assert builds.launches == 4

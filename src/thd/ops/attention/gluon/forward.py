@@ -28,6 +28,7 @@ from thd.ops.attention.gluon.host import (
     same_dtype,
     sequence_args,
 )
+from thd.ops.attention.gluon.work_lists import WorkList, work_list_for
 from thd.ops.attention.params import ForwardCall, VarlenLayout
 from thd.ops.attention.plan_keys import inputs_key
 
@@ -224,16 +225,22 @@ def _plan(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple[_ForwardPlan, bo
     return plan, False
 
 
-def _work_list(layout: VarlenLayout, plan: _ForwardPlan, reused: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``(seq, blk, count)`` of :func:`schedule.build_work_list` in one int32 allocation."""
+def _work_list(layout: VarlenLayout, plan: _ForwardPlan, reused: bool) -> WorkList:
+    """``(seq, blk, count)`` of :func:`schedule.build_work_list` in one int32 allocation, or the
+    list an earlier call on the same, unchanged offsets built (:mod:`.work_lists`)."""
     from thd.ops.attention.gluon.schedule import build_work_list
 
-    capacity = plan.capacity
-    buffer = torch.empty(2 * capacity + 1, dtype=torch.int32, device=layout.cu_seqlens_q.device)
-    seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
-    head = (layout.cu_seqlens_q, layout.slots_q, seq, blk, count)
-    plan.work_list.run(build_work_list, head, reused)
-    return seq, blk, count
+    cu, slots = layout.cu_seqlens_q, layout.slots_q
+
+    def build() -> WorkList:
+        capacity = plan.capacity
+        buffer = torch.empty(2 * capacity + 1, dtype=torch.int32, device=cu.device)
+        seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
+        plan.work_list.run(build_work_list, (cu, slots, seq, blk, count), reused)
+        return seq, blk, count
+
+    sizes = (*plan.work_list.tail, plan.work_list.keywords["BLOCK_M"])
+    return work_list_for(cu, slots, sizes, build)
 
 
 def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
