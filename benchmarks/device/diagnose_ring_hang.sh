@@ -10,6 +10,7 @@
 # CUDA_LAUNCH_BLOCKING=1; the stacks were lost to the output's tail, hence the logs in $OUT.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0 THD_KERNELS=prefer-gluon
+export THD_THREAD_RING_TIMEOUT_S=60  # below --timeout 75: the rank threads' stacks land in the failure message
 RING="tests/cp/test_ring_variants.py::test_ring_as_threads_on_one_gpu[cp2-causal1-w256_0-cap30-sinks1]"
 OUT=${OUT:-/tmp/ring-hang}; mkdir -p "$OUT"
 run() {  # $1: label; the rest: test ids. The whole log (every thread's stack) lands in $OUT.

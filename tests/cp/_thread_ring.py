@@ -15,7 +15,10 @@ calling thread (autograd and CUDA-graph capture included).
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +28,9 @@ import pytest
 import torch
 from torch import Tensor
 
-TIMEOUT_S = 300.0
+TIMEOUT_S = float(os.environ.get("THD_THREAD_RING_TIMEOUT_S", "300"))
+"""How long :func:`run_ranks` waits for its rank threads before it fails with their stacks (below
+pytest's own ``--timeout``, the stacks land in the test's failure message)."""
 
 
 @dataclass
@@ -85,6 +90,18 @@ class ThreadComm:
         return _Pending(self.hub, self.rank, [op for op in ops if not op.send])
 
 
+def _stacks(threads: Sequence[threading.Thread]) -> str:
+    """Where each of ``threads`` is now (a hung kernel shows as a rank blocked in a CUDA call, a
+    lost message as a rank waiting in :meth:`_Pending.wait`)."""
+    frames = sys._current_frames()
+    parts = []
+    for thread in threads:
+        frame = frames.get(thread.ident) if thread.ident is not None else None
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "  (no frame)\n"
+        parts.append(f"{thread.name}:\n{stack}")
+    return "".join(parts)
+
+
 def run_ranks(size: int, body: Callable[[int, ThreadComm], Any]) -> list[Any]:
     """``[body(rank, comm) for rank in range(size)]``, the ranks running concurrently as threads."""
     hub = _Hub()
@@ -100,15 +117,18 @@ def run_ranks(size: int, body: Callable[[int, ThreadComm], Any]) -> list[Any]:
                 hub.failed = True
                 hub.cond.notify_all()
 
-    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in range(size)]
+    threads = [
+        threading.Thread(target=run, args=(rank,), name=f"rank {rank}", daemon=True) for rank in range(size)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(TIMEOUT_S)
     if errors:
         raise errors[0]
-    if any(thread.is_alive() for thread in threads):
-        raise TimeoutError(f"ring threads still running after {TIMEOUT_S} s")
+    alive = [thread for thread in threads if thread.is_alive()]
+    if alive:
+        raise TimeoutError(f"ring threads still running after {TIMEOUT_S} s:\n{_stacks(alive)}")
     undelivered = sum(len(box) for box in hub.boxes.values())
     assert undelivered == 0, f"{undelivered} messages sent but never received"
     return results
