@@ -41,8 +41,16 @@ _lists: OrderedDict[tuple, tuple[tuple[Tensor, Tensor], WorkList]] = OrderedDict
 _lock = threading.Lock()  # ranks run as threads in some setups (and in the tests)
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's driver reads
+
+
 def _stream(t: Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+    """The current stream's handle on ``t``'s device (0 on CPU)."""
+    if not t.is_cuda:
+        return 0
+    if _RAW_STREAM is not None:
+        return int(_RAW_STREAM(t.get_device()))
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def work_list_for(cu: Tensor, slots: Tensor, sizes: tuple, build: Callable[[], WorkList]) -> WorkList:
