@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its modules import _common
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.*
 
 from benchmarks._common import attention_flops, bench_back_to_back, env_fingerprint
 from benchmarks.attention_providers import LayoutSpec, make_problem
@@ -83,7 +84,9 @@ def main() -> int:
         nargs="*",
         default=["128,32768:512-8192", "128,16384:256-4096", "128,16384:64-1024", "64,32768:512-8192"],
     )
-    parser.add_argument("--calls", type=int, default=3, help="profiled launches per row (counters are int32)")
+    parser.add_argument(
+        "--calls", type=int, default=2, help="profiled launches per row (int32 sums over programs)"
+    )
     parser.add_argument("--rep-ms", type=float, default=40.0)
     args = parser.parse_args()
     records = []

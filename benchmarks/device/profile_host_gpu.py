@@ -5,10 +5,10 @@ device: PYTHONPATH=src:. python3 benchmarks/device/profile_host_gpu.py [tl|gluon
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import os
 import pstats
-import sys
 import time
 
 import torch
@@ -18,7 +18,10 @@ import thd
 CALLS = 300
 
 
-def main(families: list[str]) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("families", nargs="*", choices=["tl", "gluon"], default=["tl", "gluon"])
+    families = parser.parse_args().families
     cu = torch.tensor([0, 64, 128], dtype=torch.int32, device="cuda")
     q = torch.randn(128, 2, 128, device="cuda", dtype=torch.bfloat16)
     k, v = q.clone(), q.clone()
@@ -46,4 +49,4 @@ def main(families: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["tl", "gluon"])
+    main()

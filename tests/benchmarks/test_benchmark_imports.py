@@ -5,6 +5,9 @@ broken import would cost device time): each is imported as ``make bench`` runs i
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,3 +26,23 @@ def test_benchmark_script_imports(name: str, monkeypatch: pytest.MonkeyPatch) ->
     module = importlib.import_module(name)
     if "__main__" in (BENCHMARKS / f"{name}.py").read_text():  # a script, not a shared module
         assert callable(getattr(module, "main", None)), f"benchmarks/{name}.py has no main()"
+
+
+DEVICE_SCRIPTS = sorted(p.name for p in (BENCHMARKS / "device").glob("*.py") if not p.stem.startswith("_"))
+
+
+@pytest.mark.parametrize("name", DEVICE_SCRIPTS)
+def test_device_script_runs_as_the_device_runs_it(name: str) -> None:
+    """``python3 benchmarks/device/<name> --help`` from the repository root, in a fresh interpreter
+    (imports cached by other tests cannot hide a path the script does not set up)."""
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS.parent / "src")}
+    proc = subprocess.run(
+        [sys.executable, f"benchmarks/device/{name}", "--help"],
+        cwd=BENCHMARKS.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage" in proc.stdout
