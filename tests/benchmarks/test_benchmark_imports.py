@@ -46,3 +46,9 @@ def test_device_script_runs_as_the_device_runs_it(name: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage" in proc.stdout
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (BENCHMARKS / "device").glob("*.sh")))
+def test_device_shell_script_parses(name: str) -> None:
+    proc = subprocess.run(["bash", "-n", str(BENCHMARKS / "device" / name)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
