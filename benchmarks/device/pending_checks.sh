@@ -14,7 +14,7 @@
 # Call 4: the A/B of branch fwd-kfirst (the producer issues K one tile ahead of V); first, here:
 #   rm -rf .ab && mkdir .ab && git archive fwd-kfirst src | tar -x -C .ab   (carry [".ab"])
 #   The same call with branch fwd-s0-overlap (the next item's first Q K^T under this item's last
-#   P V and epilogue; it spills a little, see its commit) measures that one.
+#   P V and epilogue) or fwd-s0-kfirst (both changes) in .ab measures those.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 gpu_tests() {  # $1: seconds, the rest: pytest arguments
