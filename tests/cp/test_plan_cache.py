@@ -80,6 +80,34 @@ def test_a_write_into_the_offsets_builds_a_new_plan() -> None:
     assert plan_for(_request(cu, cup)) is not before
 
 
+def test_equal_bounds_as_new_int_objects_reuse_the_plan() -> None:
+    """``max_seqlen_*`` are matched by value: a bound recomputed each step (a new ``int`` object
+    above 256) still finds the plan; another value does not."""
+    cu, cup = _offsets([0, 5, 9]), _offsets([0, 8, 16])
+    options = AttentionOptions(0.5, causal=True)
+
+    def request(bound: int) -> PlanRequest:
+        layout = VarlenLayout(cu, cu, cup, cup, bound, bound)
+        return PlanRequest(layout, options, cp_size=2, cp_rank=0, pad_between_seqs=True)
+
+    first = plan_for(request(int("1000")))
+    assert plan_for(request(int("1000"))) is first  # equal, not identical
+    assert plan_for(request(1001)) is not first
+    assert plan_cache_counts == {"misses": 2, "hits": 1}
+
+
+def test_options_hash_once_and_as_their_fields() -> None:
+    """Options hash as the tuple of their fields (equal options, equal hashes; -0.0 and 0.0 are
+    equal) and keep it: every cached plan's key holds them."""
+    a = AttentionOptions(0.5, causal=True, window_size=(3, 0), softcap=1.0)
+    assert hash(a) == hash((0.5, True, (3, 0), 1.0, False)) == hash(AttentionOptions(0.5, True, (3, 0), 1.0))
+    assert hash(AttentionOptions(0.0)) == hash(AttentionOptions(-0.0)) and AttentionOptions(
+        0.0
+    ) == AttentionOptions(-0.0)
+    assert hash(a) == hash(a) and a.__dict__["_hash"] == hash(a)
+    assert {a: 1}[AttentionOptions(0.5, causal=True, window_size=(3, 0), softcap=1.0)] == 1
+
+
 def test_equal_values_in_new_tensors_build_a_new_plan() -> None:
     first = plan_for(_request(_offsets([0, 5, 9]), _offsets([0, 8, 16])))
     second = plan_for(_request(_offsets([0, 5, 9]), _offsets([0, 8, 16])))

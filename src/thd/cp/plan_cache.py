@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
+from operator import is_
 
 from torch import Tensor
 
@@ -54,12 +55,14 @@ def plan_for(request: PlanRequest) -> RingPlan:
         layout.positions_q,
         layout.positions_kv,
     )
-    tensors = [v for v in values if isinstance(v, Tensor)]
-    if any(t.is_inference() for t in tensors):  # no version counter
+    tensors = tuple(v for v in values if isinstance(v, Tensor))
+    try:
+        versions = tuple((id(t), t._version) for t in tensors)
+    except RuntimeError:  # an inference tensor: no version counter
         plan_cache_counts["uncached"] += 1
         return build_plan(request)
     key = (
-        tuple((id(t), t._version) for t in tensors),
+        versions,
         layout.cu_seqlens_q_padded is None,
         layout.cu_seqlens_kv_padded is None,
         layout.max_seqlen_q,
@@ -76,13 +79,13 @@ def plan_for(request: PlanRequest) -> RingPlan:
     )
     with _lock:
         entry = _plans.get(key)
-        if entry is not None and all(a is b for a, b in zip(entry[0], values, strict=True)):
+        if entry is not None and all(map(is_, entry[0], tensors)):  # the key holds the rest by value
             _plans.move_to_end(key)
             plan_cache_counts["hits"] += 1
             return entry[1]
     plan = build_plan(request)
     with _lock:
-        _plans[key] = (values, plan)
+        _plans[key] = (tensors, plan)
         if len(_plans) > CAPACITY:
             _plans.popitem(last=False)
         plan_cache_counts["misses"] += 1

@@ -110,6 +110,16 @@ class AttentionOptions:
         """Whether any key of a sequence may be hidden from a query of it."""
         return self.window_left >= 0 or self.window_right >= 0
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once (options key every cached plan; equal options, equal
+        hashes, as the generated hash gives)."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            fields = (self.softmax_scale, self.causal, self.window_size, self.softcap, self.deterministic)
+            cached = hash(fields)
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     def with_deterministic(self) -> AttentionOptions:
         """These options with ``deterministic=True`` (cached: the same object on every call)."""
         if self.deterministic:
