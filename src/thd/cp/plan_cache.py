@@ -17,13 +17,10 @@ cached.
 
 from __future__ import annotations
 
-import threading
-from collections import Counter, OrderedDict
-from operator import is_
-
 from torch import Tensor
 
 from thd._capture import is_capturing
+from thd._runtime.tensor_keyed_cache import TensorKeyedCache
 from thd.cp.plan import PlanRequest, RingPlan, build_plan
 
 __all__ = ["CAPACITY", "clear_plan_cache", "plan_cache_counts", "plan_for"]
@@ -31,43 +28,31 @@ __all__ = ["CAPACITY", "clear_plan_cache", "plan_cache_counts", "plan_for"]
 CAPACITY = 8
 """Plans kept (least recently used first out)."""
 
-plan_cache_counts: Counter[str] = Counter()
-"""Calls of :func:`plan_for` per outcome: ``"hits"``, ``"misses"``, ``"capturing"``, ``"uncached"``."""
+_PLANS: TensorKeyedCache[RingPlan] = TensorKeyedCache(CAPACITY)
 
-_plans: OrderedDict[tuple, tuple[tuple, RingPlan]] = OrderedDict()
-_lock = threading.Lock()  # ranks run as threads in some setups (and in the tests)
+plan_cache_counts = _PLANS.counts
+"""Calls of :func:`plan_for` per outcome: ``"hits"``, ``"misses"``, ``"capturing"``, ``"uncached"``."""
 
 
 def plan_for(request: PlanRequest) -> RingPlan:
     """:func:`~thd.cp.plan.build_plan` of ``request``, or the plan an earlier request on the same,
     unchanged layout tensors got (module docstring)."""
-    if is_capturing():
-        plan_cache_counts["capturing"] += 1
-        return build_plan(request)
     layout = request.layout
     values = (
         layout.cu_seqlens_q,
         layout.cu_seqlens_kv,
         layout.cu_seqlens_q_padded,
         layout.cu_seqlens_kv_padded,
-        layout.max_seqlen_q,
-        layout.max_seqlen_kv,
         layout.positions_q,
         layout.positions_kv,
     )
-    tensors = tuple(v for v in values if isinstance(v, Tensor))
-    try:
-        versions = tuple((id(t), t._version) for t in tensors)
-    except RuntimeError:  # an inference tensor: no version counter
-        plan_cache_counts["uncached"] += 1
-        return build_plan(request)
-    key = (
-        versions,
+    rest = (  # by value; which optional tensors are given places the others
         layout.cu_seqlens_q_padded is None,
         layout.cu_seqlens_kv_padded is None,
         layout.max_seqlen_q,
         layout.max_seqlen_kv,
         layout.positions_q is None,
+        layout.positions_kv is None,
         request.options,
         request.cp_size,
         request.cp_rank,
@@ -77,23 +62,10 @@ def plan_for(request: PlanRequest) -> RingPlan:
         request.sinks,
         request.read_layout,
     )
-    with _lock:
-        entry = _plans.get(key)
-        if entry is not None and all(map(is_, entry[0], tensors)):  # the key holds the rest by value
-            _plans.move_to_end(key)
-            plan_cache_counts["hits"] += 1
-            return entry[1]
-    plan = build_plan(request)
-    with _lock:
-        _plans[key] = (tensors, plan)
-        if len(_plans) > CAPACITY:
-            _plans.popitem(last=False)
-        plan_cache_counts["misses"] += 1
-    return plan
+    tensors = tuple(v for v in values if isinstance(v, Tensor))
+    return _PLANS.get_or_build(tensors, rest, lambda: build_plan(request), capturing=is_capturing())
 
 
 def clear_plan_cache() -> None:
     """Forget every cached plan (and the tensors they hold) and reset the counts."""
-    with _lock:
-        _plans.clear()
-        plan_cache_counts.clear()
+    _PLANS.clear()

@@ -16,14 +16,13 @@ are never cached. The cache keeps the last :data:`CAPACITY` lists and their offs
 
 from __future__ import annotations
 
-import threading
-from collections import Counter, OrderedDict
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from thd._capture import is_capturing
+from thd._runtime.tensor_keyed_cache import TensorKeyedCache
 
 __all__ = ["CAPACITY", "WorkList", "clear_work_lists", "work_list_counts", "work_list_for"]
 
@@ -33,13 +32,11 @@ CAPACITY = 8
 WorkList = tuple[Tensor, Tensor, Tensor]
 """``(seq, blk, count)`` of ``schedule.build_work_list``."""
 
-work_list_counts: Counter[str] = Counter()
+_LISTS: TensorKeyedCache[WorkList] = TensorKeyedCache(CAPACITY)
+
+work_list_counts = _LISTS.counts
 """Calls of :func:`work_list_for` per outcome: ``"hits"``, ``"misses"``, ``"capturing"``,
 ``"uncached"``."""
-
-_lists: OrderedDict[tuple, tuple[tuple[Tensor, Tensor], WorkList]] = OrderedDict()
-_lock = threading.Lock()  # ranks run as threads in some setups (and in the tests)
-
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what Triton's driver reads
 
@@ -55,30 +52,11 @@ def _stream(t: Tensor) -> int:
 
 def work_list_for(cu: Tensor, slots: Tensor, sizes: tuple, build: Callable[[], WorkList]) -> WorkList:
     """``build()``, or the list an earlier call with the same, unchanged ``cu`` and ``slots`` tensors
-    and equal ``sizes`` (the plan's rows, sequences, capacity and tile) built (module docstring)."""
-    if is_capturing():
-        work_list_counts["capturing"] += 1
-        return build()
-    if cu.is_inference() or slots.is_inference():
-        work_list_counts["uncached"] += 1
-        return build()
-    key = (id(cu), cu._version, id(slots), slots._version, _stream(cu), sizes)
-    with _lock:
-        entry = _lists.get(key)
-        if entry is not None and entry[0][0] is cu and entry[0][1] is slots:
-            _lists.move_to_end(key)
-            work_list_counts["hits"] += 1
-            return entry[1]
-    result = build()
-    with _lock:
-        _lists[key] = ((cu, slots), result)
-        if len(_lists) > CAPACITY:
-            _lists.popitem(last=False)
-        work_list_counts["misses"] += 1
-    return result
+    and equal ``sizes`` (the plan's rows, sequences, capacity and tile) built on the same stream
+    (module docstring)."""
+    return _LISTS.get_or_build((cu, slots), (_stream(cu), sizes), build, capturing=is_capturing())
 
 
 def clear_work_lists() -> None:
-    """Forget every cached list (and the offset tensors it keeps alive)."""
-    with _lock:
-        _lists.clear()
+    """Forget every cached list (and the offset tensors it keeps alive) and reset the counts."""
+    _LISTS.clear()
