@@ -125,6 +125,15 @@ def _dq(head_dim: int, dtype: str = "bf16", **flags: object) -> Config:
     return Config("backward_kernel", "_dq_kernel", dtype, meta, frozenset(fp32), int(meta["NUM_WARPS"]))
 
 
+_VARIANTS = {  # every score option at once: window, positions, softcap, sinks, accumulate
+    "HAS_LEFT": True,
+    "HAS_POSITIONS": True,
+    "SOFTCAP": True,
+    "HAS_SINKS": True,
+    "ACCUMULATE": True,
+    "FOLD_SCALE": False,
+}
+
 CONFIGS: dict[str, Config] = {
     # forward
     "d128-causal-bf16": _forward(),
@@ -137,22 +146,9 @@ CONFIGS: dict[str, Config] = {
         64, 64, "fp16", HAS_RIGHT=False, STAGES=3, SLOTS=False, BLOCK_M=192, NUM_WG=3, CONSUMER_REGS=160
     ),
     "d64-two-consumers": _forward(64, 64, STAGES=3),
-    "d128-variants-bf16": _forward(
-        HAS_LEFT=True, HAS_POSITIONS=True, SOFTCAP=True, HAS_SINKS=True, ACCUMULATE=True, FOLD_SCALE=False
-    ),
+    "d128-variants-bf16": _forward(**_VARIANTS),
     "d256-causal-bf16": _forward(256, 256, BLOCK_N=32),
-    "d256-variants-fp16": _forward(
-        256,
-        256,
-        "fp16",
-        BLOCK_N=32,
-        HAS_LEFT=True,
-        HAS_POSITIONS=True,
-        SOFTCAP=True,
-        HAS_SINKS=True,
-        ACCUMULATE=True,
-        FOLD_SCALE=False,
-    ),
+    "d256-variants-fp16": _forward(256, 256, "fp16", BLOCK_N=32, **_VARIANTS),
     "d256-dv128-gqa": _forward(256, 128, BLOCK_N=32, GROUP=4, HAS_RIGHT=False, SLOTS=False),
     "d128-gqa-pack": _forward(GROUP=2, PACK=2, PRODUCER_REGS=32),  # as the host launches it
     "d128-gqa-pack-variants": _forward(

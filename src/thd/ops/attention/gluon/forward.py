@@ -76,7 +76,8 @@ class GluonTile(WarpSpecializedTile):
 # (gluon-fwd-consumers-53cfff1.json, H200; the tl forward there: 406 / 348 / 207).
 # Head dim 256: two consumer warpgroups of 64 rows over key tiles of 32 rows, two stages (ptxas of
 # Triton 3.6: 197 KB of shared memory, no spills; 64-row key tiles need 257 KB and spill 88 bytes;
-# three stages of 32 rows fit in 225 KB). Not measured against tl yet, so ``auto`` keeps tl there.
+# three stages of 32 rows fit in 225 KB). 0.96-0.99x the tl forward on an H100
+# (gluon-d256-8871d33-h100.json), so ``auto`` keeps tl there.
 TILES: dict[int, GluonTile] = {
     64: GluonTile(192, 128, 4, 3, consumers=3, maxnreg=128, consumer_regs=160),
     128: GluonTile(128, 128, 4, 2),
