@@ -375,3 +375,24 @@ def test_offsets_written_in_place_get_a_new_work_list() -> None:
             getattr(varlen, name).copy_(getattr(moved, name))
     out, lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
     _check(new, out, lse, *_reference(q, k, v, moved, options), BF16)
+
+
+@pytest.mark.parametrize(("section", "heads_q", "heads_kv"), [(1, 4, 2), (2, 6, 3), (3, 6, 2), (4, 12, 4)])
+def test_head_sections_change_the_order_not_the_result(
+    section: int, heads_q: int, heads_kv: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work lists in sections of fewer heads (``HEAD_SECTION``) cover every (query tile, head) once:
+    the output matches the reference and, bit for bit, the one-section order's."""
+    _skip_unless_sm90()
+    layout = LAYOUTS["packed"]
+    options = AttentionOptions(128**-0.5, causal=True)
+    gluon_forward.PLANS.clear()
+    q, k, v, varlen, out, lse = _run(layout, heads_q, heads_kv, 128, 128, BF16, options)
+    monkeypatch.setattr(gluon_forward, "HEAD_SECTION", section)
+    gluon_forward.PLANS.clear()
+    try:
+        with poisoned_allocations():
+            sectioned_out, sectioned_lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
+    finally:
+        gluon_forward.PLANS.clear()
+    assert torch.equal(sectioned_out, out) and torch.equal(sectioned_lse, lse)

@@ -274,3 +274,28 @@ def test_work_list_is_built_every_time_under_capture_and_for_inference_tensors(
     gluon_forward.forward(call)
     gluon_forward.forward(call)
     assert builds.launches == 4
+
+
+@pytest.mark.parametrize(
+    ("wanted", "units", "expected"),
+    [(None, 16, 16), (4, 16, 4), (3, 16, 2), (5, 6, 3), (1, 7, 1), (8, 7, 7), (0, 4, 1)],
+)
+def test_head_section_is_the_largest_divisor_up_to_the_setting(
+    monkeypatch: pytest.MonkeyPatch, wanted: int | None, units: int, expected: int
+) -> None:
+    monkeypatch.setattr(gluon_forward, "HEAD_SECTION", wanted)
+    assert gluon_forward.head_section(units) == expected
+
+
+HEAD_SECTION_AT = list(forward_kernel.attention_fwd_kernel.arg_names).index("head_section")
+
+
+def test_the_launch_passes_the_head_section(recorded: _Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's ``head_section``: every head (4) by default, the setting's divisor when set."""
+    options = AttentionOptions(128**-0.5, causal=True)
+    batch = _batch(0, (70, 130))
+    gluon_forward.forward(ForwardCall(*batch[:3], VarlenLayout(batch[3], batch[3]), options))
+    monkeypatch.setattr(gluon_forward, "HEAD_SECTION", 3)
+    gluon_forward.PLANS.clear()
+    gluon_forward.forward(ForwardCall(*batch[:3], VarlenLayout(batch[3], batch[3]), options))
+    assert [args[HEAD_SECTION_AT] for _, args, _ in recorded.calls] == [4, 2]

@@ -34,6 +34,7 @@ from thd.ops.attention.plan_keys import inputs_key
 
 __all__ = [
     "PLANS",
+    "head_section",
     "packed_heads",
     "GluonTile",
     "TILES",
@@ -162,6 +163,13 @@ def packed_heads(call: ForwardCall, tile: GluonTile) -> int:
     return 2 if tile.consumers == 2 and group % 2 == 0 and short and narrow else 1
 
 
+def head_section(units: int) -> int:
+    """Heads per work-list section for ``units`` heads (or head pairs) per item: the largest divisor
+    of ``units`` up to :data:`HEAD_SECTION`, or ``units`` (one section) where that is ``None``."""
+    wanted = units if HEAD_SECTION is None else max(1, min(HEAD_SECTION, units))
+    return max(d for d in range(1, wanted + 1) if units % d == 0)
+
+
 def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> _ForwardPlan:
     q, k, v, layout, options, sinks, accumulate = call
     num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], layout.num_seqs
@@ -186,6 +194,7 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         options.softcap if options.softcap > 0.0 else 1.0,
         max(options.window_left, 0),
         max(options.window_right, 0),
+        head_section(num_heads // pack),
     )
     keywords = {
         "GROUP": num_heads // k.shape[1],
@@ -276,6 +285,10 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     plan.attention.run(attention_fwd_kernel, head, reused)
     return out, lse
 
+
+HEAD_SECTION: int | None = None
+"""Heads per section of the work list (``forward_kernel._item_and_head``): the programs running at
+one time share the K/V of fewer heads; ``None``: one section of every head. Read when a plan is made."""
 
 WAIT_PROFILE: Tensor | None = None
 """An int32 buffer of ``(consumers + 1) x 16`` cycle counters: while set, every forward launch adds
