@@ -6,7 +6,9 @@
 #           (.ab/ in .git/info/exclude; one folder per experiment)
 #   device: carry [".ab"], command: bash benchmarks/device/ab_gluon_forward.sh .ab/<name>/src[,.ab/<other>/src] [rounds]
 # Prints each row's median TFLOP/s per tree and exp/base; the JSONs land in $OUT/ab-<tree>-<round>.json.
-# AB_TEST_ARGS: pytest arguments narrowing exp's tests (e.g. -k "matches_reference"); AB_ROWS: the rows.
+# AB_TEST_K: a pytest -k expression narrowing exp's tests (e.g. "matches_reference or head_sections");
+# AB_TEST_ARGS: more pytest arguments (split on spaces); AB_ROWS: the rows. The run JSONs end up in
+# $OUT/ab-runs.tgz (one file: the device returns a limited number of files).
 # An exp whose tests fail or hang is left out of the timing.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
@@ -22,7 +24,7 @@ for tree in "${TREES[@]}"; do
   # a kernel that hangs is cut by `timeout` (the call's own limit would take the whole lease)
   # shellcheck disable=SC2086  # AB_TEST_ARGS is a list of arguments
   if PYTHONPATH=$tree:. timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 120 \
-      tests/ops/gluon/test_forward_gpu.py ${AB_TEST_ARGS:-} 2>&1 | tail -3; then
+      tests/ops/gluon/test_forward_gpu.py ${AB_TEST_K:+-k "$AB_TEST_K"} ${AB_TEST_ARGS:-} 2>&1 | tail -3; then
     passed+=("$tree")
   else
     echo "$(name_of "$tree"): forward tests failed or hung, left out"
@@ -52,3 +54,4 @@ for key in sorted(base):
     cells = [f"{t} {statistics.median(v[key]):.1f} ({statistics.median(v[key]) / b:.3f})" for t, v in sorted(rows.items()) if key in v]
     print(f"D{key[0]} {key[1]} {key[2]} slots{key[3]}: base {b:.1f} | " + " | ".join(cells))
 PY
+tar -czf "$OUT/ab-runs.tgz" -C "$OUT" $(cd "$OUT" && ls ab-*-*.json) && (cd "$OUT" && rm -f ab-*-*.json)
