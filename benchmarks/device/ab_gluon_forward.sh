@@ -8,7 +8,8 @@
 # Prints each row's median TFLOP/s per tree and exp/base; the JSONs land in $OUT/ab-<tree>-<round>.json.
 # AB_TEST_K: a pytest -k expression narrowing exp's tests (e.g. "matches_reference or head_sections");
 # AB_TEST_ARGS: more pytest arguments (split on spaces); AB_ROWS: the rows. The run JSONs end up in
-# $OUT/ab-runs.tgz (one file: the device returns a limited number of files).
+# $OUT/ab-runs.tgz (one file: the device returns a limited number of files). AB_TEST_ONLY_FIRST=1:
+# only the first exp is tested (trees that differ from it in a setting only).
 # An exp whose tests fail or hang is left out of the timing.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
@@ -20,6 +21,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 name_of() { basename "$(dirname "$1")"; }  # .ab/kfirst/src -> kfirst; .ab/src -> .ab
 passed=()
 for tree in "${TREES[@]}"; do
+  if [ "${AB_TEST_ONLY_FIRST:-0}" = 1 ] && [ ${#passed[@]} -gt 0 ]; then passed+=("$tree"); continue; fi
   echo "== $(name_of "$tree"): Gluon forward GPU tests $(date +%T)"
   # a kernel that hangs is cut by `timeout` (the call's own limit would take the whole lease)
   # shellcheck disable=SC2086  # AB_TEST_ARGS is a list of arguments
