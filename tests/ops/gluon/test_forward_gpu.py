@@ -386,6 +386,7 @@ def test_head_sections_change_the_order_not_the_result(
     _skip_unless_sm90()
     layout = LAYOUTS["packed"]
     options = AttentionOptions(128**-0.5, causal=True)
+    monkeypatch.setattr(gluon_forward, "HEAD_SECTION", None)
     gluon_forward.PLANS.clear()
     q, k, v, varlen, out, lse = _run(layout, heads_q, heads_kv, 128, 128, BF16, options)
     monkeypatch.setattr(gluon_forward, "HEAD_SECTION", section)
