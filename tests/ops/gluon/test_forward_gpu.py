@@ -377,23 +377,31 @@ def test_offsets_written_in_place_get_a_new_work_list() -> None:
     _check(new, out, lse, *_reference(q, k, v, moved, options), BF16)
 
 
+@pytest.mark.parametrize("programs", [None, 7], ids=["all-sms", "7-programs"])
+@pytest.mark.parametrize("serpentine", [False, True], ids=["forward", "serpentine"])
 @pytest.mark.parametrize(("section", "heads_q", "heads_kv"), [(1, 4, 2), (2, 6, 3), (3, 6, 2), (4, 12, 4)])
-def test_head_sections_change_the_order_not_the_result(
-    section: int, heads_q: int, heads_kv: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Work lists in sections of fewer heads (``HEAD_SECTION``) cover every (query tile, head) once:
-    the output matches the reference and, bit for bit, the one-section order's."""
+def test_work_orders_change_the_order_not_the_result(
+    section: int, heads_q: int, heads_kv: int, serpentine: bool, programs: int | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Work lists in sections of fewer heads (``HEAD_SECTION``), taken in serpentine rounds or not,
+    by every SM's program or by 7 (many rounds, a partial last one), cover every (query tile, head)
+    once: the output matches the reference and, bit for bit, the default order's."""
     _skip_unless_sm90()
     layout = LAYOUTS["packed"]
     options = AttentionOptions(128**-0.5, causal=True)
     monkeypatch.setattr(gluon_forward, "HEAD_SECTION", None)
+    monkeypatch.setattr(gluon_forward, "SERPENTINE", False)
     gluon_forward.PLANS.clear()
     q, k, v, varlen, out, lse = _run(layout, heads_q, heads_kv, 128, 128, BF16, options)
     monkeypatch.setattr(gluon_forward, "HEAD_SECTION", section)
+    monkeypatch.setattr(gluon_forward, "SERPENTINE", serpentine)
+    if programs is not None:
+        monkeypatch.setattr(gluon_forward, "num_sms", lambda index: programs)
     gluon_forward.PLANS.clear()
     try:
         with poisoned_allocations():
-            sectioned_out, sectioned_lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
+            ordered_out, ordered_lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
     finally:
         gluon_forward.PLANS.clear()
-    assert torch.equal(sectioned_out, out) and torch.equal(sectioned_lse, lse)
+    assert torch.equal(ordered_out, out) and torch.equal(ordered_lse, lse)

@@ -288,14 +288,18 @@ def test_head_section_is_the_largest_divisor_up_to_the_setting(
 
 
 HEAD_SECTION_AT = list(forward_kernel.attention_fwd_kernel.arg_names).index("head_section")
+SERPENTINE_AT = list(forward_kernel.attention_fwd_kernel.arg_names).index("serpentine")
 
 
-def test_the_launch_passes_the_head_section(recorded: _Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel's ``head_section``: every head (4) by default, the setting's divisor when set."""
+def test_the_launch_passes_the_work_order(recorded: _Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's ``head_section``: every head (4) by default, the setting's divisor when set;
+    ``serpentine``: 0 by default, 1 when set."""
     options = AttentionOptions(128**-0.5, causal=True)
     batch = _batch(0, (70, 130))
     gluon_forward.forward(ForwardCall(*batch[:3], VarlenLayout(batch[3], batch[3]), options))
     monkeypatch.setattr(gluon_forward, "HEAD_SECTION", 3)
+    monkeypatch.setattr(gluon_forward, "SERPENTINE", True)
     gluon_forward.PLANS.clear()
     gluon_forward.forward(ForwardCall(*batch[:3], VarlenLayout(batch[3], batch[3]), options))
     assert [args[HEAD_SECTION_AT] for _, args, _ in recorded.calls] == [4, 2]
+    assert [args[SERPENTINE_AT] for _, args, _ in recorded.calls] == [0, 1]

@@ -195,6 +195,7 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         max(options.window_left, 0),
         max(options.window_right, 0),
         head_section(num_heads // pack),
+        int(SERPENTINE),
     )
     keywords = {
         "GROUP": num_heads // k.shape[1],
@@ -289,6 +290,10 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
 HEAD_SECTION: int | None = None
 """Heads per section of the work list (``forward_kernel._item_and_head``): the programs running at
 one time share the K/V of fewer heads; ``None``: one section of every head. Read when a plan is made."""
+
+SERPENTINE = False
+"""Whether every other full round of the persistent programs takes its work items in reverse
+(``forward_kernel._item_and_head``). Read when a plan is made."""
 
 WAIT_PROFILE: Tensor | None = None
 """An int32 buffer of ``(consumers + 1) x 16`` cycle counters: while set, every forward launch adds

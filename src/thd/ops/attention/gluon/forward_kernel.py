@@ -91,12 +91,19 @@ def _fill_padding(
 
 
 @gluon.jit
-def _item_and_head(w, total, num_heads, head_section):
-    """Query tile ``item`` and ``head`` of work item ``w`` of ``total = tiles * num_heads``: the heads
-    in sections of ``head_section`` (a divisor of ``num_heads``), one section after another, each
-    section's tiles longest first with its heads innermost. Fewer heads at a time means more
-    programs on one head's K/V at once, so it stays in L2; ``head_section == num_heads`` is one
-    section (``w // num_heads``, ``w % num_heads``)."""
+def _item_and_head(w, total, num_heads, head_section, serpentine):
+    """Query tile ``item`` and ``head`` of this program's work item ``w`` of ``total = tiles *
+    num_heads``. Program ``p`` of ``G`` takes ``p, p + G, ...``; with ``serpentine`` every other
+    full round of ``G`` is taken in reverse (program ``p`` gets ``G - 1 - p`` of it), so the program
+    with a round's longest item gets the next round's shortest. The list: the heads in sections of
+    ``head_section`` (a divisor of ``num_heads``), one section after another, each section's tiles
+    longest first with its heads innermost. Fewer heads at a time means more programs on one head's
+    K/V at once, so it stays in L2; ``head_section == num_heads`` is one section."""
+    if serpentine:
+        programs = gl.num_programs(0)
+        lap = w // programs
+        if ((lap & 1) == 1) & ((lap + 1) * programs <= total):
+            w = (2 * lap + 1) * programs - 1 - w
     row = w // head_section  # section * tiles + item
     tiles = total // num_heads
     section = row // tiles
@@ -105,14 +112,14 @@ def _item_and_head(w, total, num_heads, head_section):
 
 @gluon.jit
 def _work_item(
-    w, seq_ptr, blk_ptr, total, num_heads, head_section, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
-    pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
+    w, seq_ptr, blk_ptr, total, num_heads, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
+    cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
     """Work item ``w`` (:func:`_item_and_head`): its head, query tile, the sequence's query and key spans,
     its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
     placed by the positions) and the query tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
-    item, head = _item_and_head(w, total, num_heads, head_section)
+    item, head = _item_and_head(w, total, num_heads, head_section, serpentine)
     b = gl.load(seq_ptr + item)
     m_block = gl.load(blk_ptr + item)
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
@@ -221,8 +228,8 @@ def _producer(
     (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-        seq_ptr, blk_ptr, total, units, head_section, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
-        pos_k_ptr, rows_q, rows_k, window_left, window_right, prof_ptr,
+        seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
+        pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, prof_ptr,
     ) = args  # fmt: skip
     ring = (k_smem, v_smem, k_full, v_full, k_empty, v_empty)
     it = 0
@@ -241,9 +248,9 @@ def _producer(
         if PROFILE:
             c0 = _tick(t)
         unit, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
-            w, seq_ptr, blk_ptr, total, units, head_section, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
-            pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M, BLOCK_N,
-            HAS_LEFT, HAS_RIGHT,
+            w, seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
+            cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M,
+            BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
         head = unit * PACK
         qi = t & 1
@@ -392,8 +399,8 @@ def _consumer(
     (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h,
-        seq_ptr, blk_ptr, total, units, head_section, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr,
-        pos_k_ptr, rows_q, rows_k, window_left, window_right, sm_scale, softcap, prof_ptr,
+        seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
+        pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, sm_scale, softcap, prof_ptr,
     ) = args  # fmt: skip
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     BLOCK_M: gl.constexpr = PARTS * q_smem.shape[1]
@@ -432,9 +439,9 @@ def _consumer(
         if PROFILE:
             e0 = _tick(t)
         unit, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
-            w, seq_ptr, blk_ptr, total, units, head_section, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
-            pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M, BLOCK_N,
-            HAS_LEFT, HAS_RIGHT,
+            w, seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
+            cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M,
+            BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
         head = unit * PACK + (WG if PACK == 2 else 0)
         out_base = out_ptr + head * stride_oh + q_start * stride_ot
@@ -587,7 +594,7 @@ def attention_fwd_kernel(
     cu_q_ptr, cu_k_ptr, cup_q_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, seq_ptr, blk_ptr, count_ptr,
     num_seqs, num_heads, rows_q, rows_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lse_h,
-    sm_scale, softcap, window_left, window_right, head_section,
+    sm_scale, softcap, window_left, window_right, head_section, serpentine,
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, HAS_POSITIONS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -640,14 +647,14 @@ def attention_fwd_kernel(
     consumer = (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, units, head_section,
-        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+        serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
         window_left, window_right, sm_scale, softcap, prof_ptr,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, seq_ptr, blk_ptr, total,
-        units, head_section, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-        window_left, window_right, prof_ptr,
+        units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+        rows_q, rows_k, window_left, window_right, prof_ptr,
     )  # fmt: skip
     if NUM_WG == 3:  # three 4-warp consumer partitions taking turns, and the producer warp
         gl.warp_specialize(
