@@ -195,7 +195,7 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         max(options.window_left, 0),
         max(options.window_right, 0),
         head_section(num_heads // pack),
-        int(SERPENTINE),
+        int(SERPENTINE and not DYNAMIC_ORDER),
     )
     keywords = {
         "GROUP": num_heads // k.shape[1],
@@ -217,6 +217,7 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         "SLOTS": layout.cu_seqlens_q_padded is not None,
         "num_warps": tile.num_warps,
         "PACK": pack,
+        "DYNAMIC": DYNAMIC_ORDER,
         "prof_ptr": None,
         "PROFILE": False,
         "maxnreg": tile.maxnreg,
@@ -245,7 +246,7 @@ def _work_list(layout: VarlenLayout, plan: _ForwardPlan, reused: bool) -> WorkLi
 
     def build() -> WorkList:
         capacity = plan.capacity
-        buffer = torch.empty(2 * capacity + 1, dtype=torch.int32, device=cu.device)
+        buffer = torch.empty(2 * capacity + 3, dtype=torch.int32, device=cu.device)
         seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
         plan.work_list.run(build_work_list, (cu, slots, seq, blk, count), reused)
         return seq, blk, count
@@ -290,6 +291,11 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
 HEAD_SECTION: int | None = None
 """Heads per section of the work list (``forward_kernel._item_and_head``): the programs running at
 one time share the K/V of fewer heads; ``None``: one section of every head. Read when a plan is made."""
+
+DYNAMIC_ORDER = False
+"""Whether each program's producer takes the next unclaimed work item from a global ticket (one
+atomic add per item) instead of every ``G``-th item: the list's order, longest first, is then kept
+across programs however long their items take. Read when a plan is made."""
 
 SERPENTINE = False
 """Whether every other full round of the persistent programs takes its work items in reverse
