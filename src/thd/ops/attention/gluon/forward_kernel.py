@@ -149,12 +149,13 @@ def _publish_item(items, item_bars, qi, w):
 
 @gluon.jit
 def _fetch_add(ptr, SEM: gl.constexpr):
-    """``ptr[0] += 1`` by lane 0 of the producer warp; every lane gets the old value (a scalar
-    atomic would be every lane's, and ptxas merges those into one add of 32)."""
-    lanes: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    offs = gl.arange(0, 32, layout=lanes)
+    """``ptr[0] += 1`` by the partition's first thread; every thread gets the old value (a scalar
+    atomic would be every thread's, and ptxas merges a warp's into one add of 32)."""
+    W: gl.constexpr = gl.num_warps()
+    threads: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
+    offs = gl.arange(0, 32 * W, layout=threads)
     first = offs == 0
-    old = gl.atomic_add(ptr + offs * 0, gl.full([32], 1, gl.int32, lanes), mask=first, sem=SEM)
+    old = gl.atomic_add(ptr + offs * 0, gl.full([32 * W], 1, gl.int32, threads), mask=first, sem=SEM)
     return gl.max(gl.where(first, old, -1), axis=0)
 
 
@@ -258,8 +259,7 @@ def _producer(
     """The copies of this program's work items, in the order the consumer reads them. With
     ``DYNAMIC`` the producer takes each next item from a global ticket (``ticket_ptr[0]``, one
     atomic add, fetched one item ahead) and publishes it to the consumers; when the tickets run
-    out it publishes the end, and the last program to finish (``ticket_ptr[1]`` counts them)
-    zeroes both counters for the next launch. Q and the
+    out it publishes the end (the first consumer then counts the program done). Q and the
     descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
     consumer to release that buffer's Q, which it does once it has read every tile of that item.
     Tile shapes come from the shared-memory buffers."""
@@ -326,9 +326,6 @@ def _producer(
         qi = t & 1
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
         _publish_item(items, item_bars, qi, w)
-        if _fetch_add(ticket_ptr + 1, "acq_rel") == gl.num_programs(0) - 1:  # all took their last ticket
-            gl.store(ticket_ptr, 0)
-            gl.store(ticket_ptr + 1, 0)
     if PROFILE:  # row NUM_WG: total, geometry, Q buffer waits, copies, stage waits in them, tiles, items
         z = gl.to_tensor(0)
         total_cycles = (_tick(t) - start).to(gl.int32)
@@ -454,7 +451,7 @@ def _consumer(
         sinks_ptr, stride_ot, stride_oh, stride_lse_h,
         seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
         pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, sm_scale, softcap, prof_ptr,
-        items, item_bars,
+        items, item_bars, ticket_ptr,
     ) = args  # fmt: skip
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     BLOCK_M: gl.constexpr = PARTS * q_smem.shape[1]
@@ -637,6 +634,12 @@ def _consumer(
             w = _take_item(items, item_bars, t)
         else:
             w += gl.num_programs(0)
+    if DYNAMIC and WG == 0:  # noqa: SIM102 (a constexpr test, then a runtime one)
+        # this program's producer took its last ticket: count it done (``ticket_ptr[1]``); the last
+        # program counted zeroes both counters for the next launch (every ticket is taken by then)
+        if _fetch_add(ticket_ptr + 1, "acq_rel") == gl.num_programs(0) - 1:
+            gl.store(ticket_ptr, 0)
+            gl.store(ticket_ptr + 1, 0)
     if PROFILE:  # row WG: total, item geometry, Q, K, V, turn, S, P V waits, epilogue, tiles, items
         z = gl.to_tensor(0)
         total_cycles = (_tick(t) - start).to(gl.int32)
@@ -714,7 +717,7 @@ def attention_fwd_kernel(
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, units, head_section,
         serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-        window_left, window_right, sm_scale, softcap, prof_ptr, items, item_bars,
+        window_left, window_right, sm_scale, softcap, prof_ptr, items, item_bars, count_ptr + 1,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
