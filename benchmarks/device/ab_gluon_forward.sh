@@ -2,7 +2,7 @@
 # A/B of the Gluon forward on the GPU machine: this checkout's src/ (base) against one or more other
 # trees' src/ (exp), alternating processes, after the Gluon forward GPU tests on each exp. One device call.
 #
-#   here:   rm -rf .ab && mkdir -p .ab/<name> && git archive <exp-commit> src | tar -x -C .ab/<name>
+#   here:   rm -rf .ab && mkdir -p .ab/<name> && git archive <exp-commit> src [tests] | tar -x -C .ab/<name>
 #           (.ab/ in .git/info/exclude; one folder per experiment)
 #   device: carry [".ab"], command: bash benchmarks/device/ab_gluon_forward.sh .ab/<name>/src[,.ab/<other>/src] [rounds]
 # Prints each row's median TFLOP/s per tree and exp/base; the JSONs land in $OUT/ab-<tree>-<round>.json.
@@ -19,6 +19,10 @@ ROWS=${AB_ROWS:-"128,16384:256-4096 128,32768:512-8192 128,16384:64-1024 64,3276
 OUT=${OUT:-/tmp/ab}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader
 name_of() { basename "$(dirname "$1")"; }  # .ab/kfirst/src -> kfirst; .ab/src -> .ab
+tests_of() {  # the exp's own test file when its tree has tests/ (git archive <commit> src tests)
+  local own; own="$(dirname "$1")/tests/ops/gluon/test_forward_gpu.py"
+  if [ -f "$own" ]; then echo "$own"; else echo tests/ops/gluon/test_forward_gpu.py; fi
+}
 passed=()
 for tree in "${TREES[@]}"; do
   if [ "${AB_TEST_ONLY_FIRST:-0}" = 1 ] && [ ${#passed[@]} -gt 0 ]; then passed+=("$tree"); continue; fi
@@ -26,7 +30,7 @@ for tree in "${TREES[@]}"; do
   # a kernel that hangs is cut by `timeout` (the call's own limit would take the whole lease)
   # shellcheck disable=SC2086  # AB_TEST_ARGS is a list of arguments
   if PYTHONPATH=$tree:. timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 120 \
-      tests/ops/gluon/test_forward_gpu.py ${AB_TEST_K:+-k "$AB_TEST_K"} ${AB_TEST_ARGS:-} 2>&1 | tail -3; then
+      "$(tests_of "$tree")" ${AB_TEST_K:+-k "$AB_TEST_K"} ${AB_TEST_ARGS:-} 2>&1 | tail -3; then
     passed+=("$tree")
   else
     echo "$(name_of "$tree"): forward tests failed or hung, left out"
