@@ -86,6 +86,7 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
         "CONSUMER_REGS": 240,
         "SLOTS": True,
         "PACK": 1,
+        "DYNAMIC": max(head_dim, head_dim_v) >= 128,  # as the tile table (forward.TILES) has it
         "PROFILE": False,
     }
     meta.update(flags)
@@ -151,6 +152,7 @@ CONFIGS: dict[str, Config] = {
     "d256-variants-fp16": _forward(256, 256, "fp16", BLOCK_N=32, **_VARIANTS),
     "d256-dv128-gqa": _forward(256, 128, BLOCK_N=32, GROUP=4, HAS_RIGHT=False, SLOTS=False),
     "d128-gqa-pack": _forward(GROUP=2, PACK=2, PRODUCER_REGS=32),  # as the host launches it
+    "d128-static": _forward(DYNAMIC=False),
     "d128-gqa-pack-variants": _forward(
         GROUP=4,
         PACK=2,

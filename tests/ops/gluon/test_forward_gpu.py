@@ -260,10 +260,14 @@ def test_forward_positions() -> None:
     _check(layout, out, lse, ref_out, ref_lse, BF16)
 
 
-def test_forward_no_host_sync_and_cuda_graph_replay() -> None:
-    """Captured once, replayed after new document boundaries are copied into the same offsets:
-    the replay equals an eager call on the new layout, bit for bit; no host sync while capturing."""
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_forward_no_host_sync_and_cuda_graph_replay(dynamic: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captured once, replayed (twice) after new document boundaries are copied into the same
+    offsets: the replay equals an eager call on the new layout, bit for bit; no host sync while
+    capturing; in both work orders (the dynamic one's ticket is reset in the graph too)."""
     _skip_unless_sm90()
+    monkeypatch.setattr(gluon_forward, "DYNAMIC_ORDER", dynamic)
+    gluon_forward.PLANS.clear()
     old = make_layout("old", [200, 56, 300], pad_q=[56, 8, 20], capacity_q=16)
     new = make_layout("new", [10, 246, 290], pad_q=[0, 10, 84], capacity_q=16)
     assert old.total_q == new.total_q
@@ -291,7 +295,9 @@ def test_forward_no_host_sync_and_cuda_graph_replay() -> None:
     for dst, src in zip(varlen.tensors()[:4], (cu, cu, cup, cup), strict=True):
         dst.copy_(src)
     graph.replay()
+    graph.replay()
     eager_out, eager_lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
+    gluon_forward.PLANS.clear()
     assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
     ref_out, ref_lse = _reference(q, k, v, varlen, options)
     _check(new, out, lse, ref_out, ref_lse, BF16)
@@ -375,3 +381,38 @@ def test_offsets_written_in_place_get_a_new_work_list() -> None:
             getattr(varlen, name).copy_(getattr(moved, name))
     out, lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
     _check(new, out, lse, *_reference(q, k, v, moved, options), BF16)
+
+
+@pytest.mark.parametrize("programs", [None, 7], ids=["all-sms", "7-programs"])
+@pytest.mark.parametrize("order", ["static", "serpentine", "dynamic"])
+@pytest.mark.parametrize(("section", "heads_q", "heads_kv"), [(1, 4, 2), (2, 6, 3), (3, 6, 2), (4, 12, 4)])
+def test_work_orders_change_the_order_not_the_result(
+    section: int, heads_q: int, heads_kv: int, order: str, programs: int | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Work lists in sections of fewer heads (``HEAD_SECTION``), taken in static rounds, serpentine
+    rounds or dynamically from a ticket, by every SM's program or by 7 (many rounds, a partial last
+    one), cover every (query tile, head) once: the output matches the reference and, bit for bit,
+    the plain order's (every head in one section, static rounds); calls again on the same
+    (cached) work list give the same bits, so the ticket was left at zero."""
+    _skip_unless_sm90()
+    layout = LAYOUTS["packed"]
+    options = AttentionOptions(128**-0.5, causal=True)
+    monkeypatch.setattr(gluon_forward, "HEAD_SECTION", 0)  # the plain order: every G-th item
+    monkeypatch.setattr(gluon_forward, "SERPENTINE", False)
+    monkeypatch.setattr(gluon_forward, "DYNAMIC_ORDER", False)
+    gluon_forward.PLANS.clear()
+    q, k, v, varlen, out, lse = _run(layout, heads_q, heads_kv, 128, 128, BF16, options)
+    monkeypatch.setattr(gluon_forward, "HEAD_SECTION", section)
+    monkeypatch.setattr(gluon_forward, "SERPENTINE", order == "serpentine")
+    monkeypatch.setattr(gluon_forward, "DYNAMIC_ORDER", order == "dynamic")
+    if programs is not None:
+        monkeypatch.setattr(gluon_forward, "num_sms", lambda index: programs)
+    gluon_forward.PLANS.clear()
+    try:
+        for _ in range(3):
+            with poisoned_allocations():
+                ordered_out, ordered_lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
+            assert torch.equal(ordered_out, out) and torch.equal(ordered_lse, lse)
+    finally:
+        gluon_forward.PLANS.clear()

@@ -274,3 +274,84 @@ def test_work_list_is_built_every_time_under_capture_and_for_inference_tensors(
     gluon_forward.forward(call)
     gluon_forward.forward(call)
     assert builds.launches == 4
+
+
+@pytest.mark.parametrize(
+    ("wanted", "tile_section", "units", "expected"),
+    [
+        (None, 0, 16, 16),
+        (None, 1, 16, 1),
+        (None, 4, 6, 3),
+        (0, 1, 16, 16),
+        (4, 0, 16, 4),
+        (3, 1, 16, 2),
+        (5, 0, 6, 3),
+        (1, 0, 7, 1),
+        (8, 0, 7, 7),
+    ],
+)
+def test_head_section_is_the_largest_divisor_up_to_the_setting(
+    monkeypatch: pytest.MonkeyPatch, wanted: int | None, tile_section: int, units: int, expected: int
+) -> None:
+    """The setting where given (0: every head), else the tile's; always a divisor of ``units``."""
+    monkeypatch.setattr(gluon_forward, "HEAD_SECTION", wanted)
+    tile = gluon_forward.GluonTile(128, 128, 4, 2, head_section=tile_section)
+    assert gluon_forward.head_section(units, tile) == expected
+
+
+@pytest.mark.parametrize(
+    ("dynamic", "serpentine", "tile", "expected"),
+    [
+        (None, None, {"dynamic": True, "serpentine": True}, (True, False)),
+        (None, None, {"serpentine": True}, (False, True)),
+        (False, None, {"dynamic": True, "serpentine": True}, (False, True)),
+        (None, False, {"serpentine": True}, (False, False)),
+        (True, True, {}, (True, False)),
+    ],
+)
+def test_work_order_is_the_settings_or_the_tiles(
+    monkeypatch: pytest.MonkeyPatch,
+    dynamic: bool | None,
+    serpentine: bool | None,
+    tile: dict,
+    expected: tuple,
+) -> None:
+    monkeypatch.setattr(gluon_forward, "DYNAMIC_ORDER", dynamic)
+    monkeypatch.setattr(gluon_forward, "SERPENTINE", serpentine)
+    assert gluon_forward.work_order(gluon_forward.GluonTile(128, 128, 4, 2, **tile)) == expected
+
+
+HEAD_SECTION_AT = list(forward_kernel.attention_fwd_kernel.arg_names).index("head_section")
+SERPENTINE_AT = list(forward_kernel.attention_fwd_kernel.arg_names).index("serpentine")
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_launch_passes_the_work_order(
+    recorded: _Recorder, monkeypatch: pytest.MonkeyPatch, head_dim: int
+) -> None:
+    """The kernel gets the tile table's order by default (head dim 128: dynamic, one head per
+    section; 64: serpentine rounds over every head) and the settings' when set."""
+    options = AttentionOptions(head_dim**-0.5, causal=True)
+    batch = _batch(0, (70, 130), head_dim)
+    gluon_forward.forward(ForwardCall(*batch[:3], VarlenLayout(batch[3], batch[3]), options))
+    monkeypatch.setattr(gluon_forward, "HEAD_SECTION", 3)
+    monkeypatch.setattr(gluon_forward, "SERPENTINE", True)
+    monkeypatch.setattr(gluon_forward, "DYNAMIC_ORDER", False)
+    gluon_forward.PLANS.clear()
+    gluon_forward.forward(ForwardCall(*batch[:3], VarlenLayout(batch[3], batch[3]), options))
+    orders = [
+        (args[HEAD_SECTION_AT], args[SERPENTINE_AT], kwargs["DYNAMIC"]) for _, args, kwargs in recorded.calls
+    ]
+    default = (1, 0, True) if head_dim == 128 else (4, 1, False)
+    assert orders == [default, (2, 1, False)]
+
+
+@pytest.mark.parametrize("name", ["d64-fp16", "d128-causal-bf16", "d256-causal-bf16", "d128-gqa-pack"])
+def test_compile_configs_use_the_tile_tables_work_order(name: str) -> None:
+    """The sm_90 compile checks (``_compile_sm90.py``, which cannot import torch) build the work
+    order the host launches for their head dim."""
+    from tests.ops.gluon._compile_sm90 import CONFIGS
+
+    constexprs = CONFIGS[name].constexprs
+    tile = gluon_forward.tile_for(int(constexprs["HEAD_DIM"]), int(constexprs["HEAD_DIM_V"]))
+    assert constexprs["DYNAMIC"] is gluon_forward.work_order(tile)[0]

@@ -34,7 +34,9 @@ from thd.ops.attention.plan_keys import inputs_key
 
 __all__ = [
     "PLANS",
+    "head_section",
     "packed_heads",
+    "work_order",
     "GluonTile",
     "TILES",
     "forward",
@@ -61,6 +63,11 @@ class GluonTile(WarpSpecializedTile):
     # the H200, 64x64w4s2c1 at maxnreg 128 with 2 per SM ran (D=128, slower than TILES), but the
     # D=64 tile 64x64w4s3c1 so configured raised "CUDA error: an illegal instruction" (not investigated).
     ctas_per_sm: int = 1
+    # The work order (``forward_kernel._item_and_head``): heads per section of the list (0: all),
+    # items taken dynamically from a ticket, or else in static rounds, every other one reversed.
+    head_section: int = 0
+    dynamic: bool = False
+    serpentine: bool = False
 
     @property
     def name(self) -> str:
@@ -78,10 +85,14 @@ class GluonTile(WarpSpecializedTile):
 # Triton 3.6: 197 KB of shared memory, no spills; 64-row key tiles need 257 KB and spill 88 bytes;
 # three stages of 32 rows fit in 225 KB). 0.96-0.99x the tl forward on an H100
 # (gluon-d256-8871d33-h100.json), so ``auto`` keeps tl there.
+# The work order (gluon-fwd-dynamic-ab-h100.json, H100, against the static order of every head at
+# once): head dim 128, dynamic with one head per section: 1.133 / 1.224 / 1.199 / 1.253x on 16k of
+# 256-4096 / 16k of 64-1024 / 32k of 512-8192 / 64k of two 25k-40k documents; head dim 64,
+# serpentine: 1.049x on 32k of 512-8192 (dynamic: 1.042x, and its consumers spill at 160 registers).
 TILES: dict[int, GluonTile] = {
-    64: GluonTile(192, 128, 4, 3, consumers=3, maxnreg=128, consumer_regs=160),
-    128: GluonTile(128, 128, 4, 2),
-    256: GluonTile(128, 32, 4, 2),
+    64: GluonTile(192, 128, 4, 3, consumers=3, maxnreg=128, consumer_regs=160, serpentine=True),
+    128: GluonTile(128, 128, 4, 2, head_section=1, dynamic=True),
+    256: GluonTile(128, 32, 4, 2, head_section=1, dynamic=True),
 }
 FORWARD_HEAD_DIMS = tuple(TILES)
 """Head dims (``q``/``k`` and ``v`` each) the forward takes; the backward takes fewer
@@ -162,6 +173,23 @@ def packed_heads(call: ForwardCall, tile: GluonTile) -> int:
     return 2 if tile.consumers == 2 and group % 2 == 0 and short and narrow else 1
 
 
+def head_section(units: int, tile: GluonTile) -> int:
+    """Heads per work-list section for ``units`` heads (or head pairs) per item: the largest divisor
+    of ``units`` up to :data:`HEAD_SECTION` (or the tile's ``head_section`` where that is ``None``);
+    ``units`` (one section) where the setting is 0."""
+    wanted = tile.head_section if HEAD_SECTION is None else HEAD_SECTION
+    wanted = units if wanted <= 0 else min(wanted, units)
+    return max(d for d in range(1, wanted + 1) if units % d == 0)
+
+
+def work_order(tile: GluonTile) -> tuple[bool, bool]:
+    """``(dynamic, serpentine)``: :data:`DYNAMIC_ORDER` and :data:`SERPENTINE` where set, else the
+    tile's; serpentine rounds only in the static order."""
+    dynamic = tile.dynamic if DYNAMIC_ORDER is None else DYNAMIC_ORDER
+    serpentine = tile.serpentine if SERPENTINE is None else SERPENTINE
+    return dynamic, serpentine and not dynamic
+
+
 def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> _ForwardPlan:
     q, k, v, layout, options, sinks, accumulate = call
     num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], layout.num_seqs
@@ -175,6 +203,7 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         {"BLOCK_M": tile_m, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
     )
     grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, capacity * (num_heads // pack)),)
+    dynamic, serpentine = work_order(tile)
     tail = (
         num_seqs,
         num_heads,
@@ -186,6 +215,8 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         options.softcap if options.softcap > 0.0 else 1.0,
         max(options.window_left, 0),
         max(options.window_right, 0),
+        head_section(num_heads // pack, tile),
+        int(serpentine),
     )
     keywords = {
         "GROUP": num_heads // k.shape[1],
@@ -207,6 +238,7 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         "SLOTS": layout.cu_seqlens_q_padded is not None,
         "num_warps": tile.num_warps,
         "PACK": pack,
+        "DYNAMIC": dynamic,
         "prof_ptr": None,
         "PROFILE": False,
         "maxnreg": tile.maxnreg,
@@ -235,7 +267,7 @@ def _work_list(layout: VarlenLayout, plan: _ForwardPlan, reused: bool) -> WorkLi
 
     def build() -> WorkList:
         capacity = plan.capacity
-        buffer = torch.empty(2 * capacity + 1, dtype=torch.int32, device=cu.device)
+        buffer = torch.empty(2 * capacity + 3, dtype=torch.int32, device=cu.device)
         seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
         plan.work_list.run(build_work_list, (cu, slots, seq, blk, count), reused)
         return seq, blk, count
@@ -276,6 +308,19 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     plan.attention.run(attention_fwd_kernel, head, reused)
     return out, lse
 
+
+HEAD_SECTION: int | None = None
+"""Heads per section of the work list (``forward_kernel._item_and_head``): the programs running at
+one time share the K/V of fewer heads. ``None``: the tile's ``head_section``; 0: one section of
+every head. Read when a plan is made (as are the two settings below)."""
+
+DYNAMIC_ORDER: bool | None = None
+"""Whether each program's producer takes the next unclaimed work item from a global ticket (one
+atomic add per item) instead of every ``G``-th item, so the list's order, longest first, holds
+across programs however long their items take. ``None``: the tile's ``dynamic``."""
+
+SERPENTINE: bool | None = None
+"""Whether every other full round of the static order is taken in reverse. ``None``: the tile's."""
 
 WAIT_PROFILE: Tensor | None = None
 """An int32 buffer of ``(consumers + 1) x 16`` cycle counters: while set, every forward launch adds

@@ -91,16 +91,35 @@ def _fill_padding(
 
 
 @gluon.jit
+def _item_and_head(w, total, num_heads, head_section, serpentine):
+    """Query tile ``item`` and ``head`` of this program's work item ``w`` of ``total = tiles *
+    num_heads``. Program ``p`` of ``G`` takes ``p, p + G, ...``; with ``serpentine`` every other
+    full round of ``G`` is taken in reverse (program ``p`` gets ``G - 1 - p`` of it), so the program
+    with a round's longest item gets the next round's shortest. The list: the heads in sections of
+    ``head_section`` (a divisor of ``num_heads``), one section after another, each section's tiles
+    longest first with its heads innermost. Fewer heads at a time means more programs on one head's
+    K/V at once, so it stays in L2; ``head_section == num_heads`` is one section."""
+    if serpentine:
+        programs = gl.num_programs(0)
+        lap = w // programs
+        if ((lap & 1) == 1) & ((lap + 1) * programs <= total):
+            w = (2 * lap + 1) * programs - 1 - w
+    row = w // head_section  # section * tiles + item
+    tiles = total // num_heads
+    section = row // tiles
+    return row - section * tiles, section * head_section + w - row * head_section
+
+
+@gluon.jit
 def _work_item(
-    w, seq_ptr, blk_ptr, num_heads, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-    rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr, BLOCK_M: gl.constexpr,
-    BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    w, seq_ptr, blk_ptr, total, num_heads, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
+    cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
-    """Work item ``w`` (heads innermost): its head, query tile, the sequence's query and key spans,
+    """Work item ``w`` (:func:`_item_and_head`): its head, query tile, the sequence's query and key spans,
     its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
     placed by the positions) and the query tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
-    item = w // num_heads
-    head = w - item * num_heads
+    item, head = _item_and_head(w, total, num_heads, head_section, serpentine)
     b = gl.load(seq_ptr + item)
     m_block = gl.load(blk_ptr + item)
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
@@ -113,6 +132,41 @@ def _work_item(
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
     )  # fmt: skip
     return head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi, a, b, c, end
+
+
+# ----------------------------------------------------------------------------- dynamic order
+
+
+@gluon.jit
+def _publish_item(items, item_bars, qi, w):
+    """The producer hands work item ``w`` to the consumers through slot ``qi`` (item parity, as
+    the Q buffers): every lane's store, then the slot's barrier."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    items.index(qi).store(gl.full([1], w, gl.int32, layout=one))
+    cta_barrier()
+    mbarrier.arrive(item_bars.index(qi))
+
+
+@gluon.jit
+def _fetch_add(ptr, SEM: gl.constexpr):
+    """``ptr[0] += 1`` by the partition's first thread; every thread gets the old value (a scalar
+    atomic would be every thread's, and ptxas merges a warp's into one add of 32)."""
+    W: gl.constexpr = gl.num_warps()
+    threads: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
+    offs = gl.arange(0, 32 * W, layout=threads)
+    first = offs == 0
+    old = gl.atomic_add(ptr + offs * 0, gl.full([32 * W], 1, gl.int32, threads), mask=first, sem=SEM)
+    return gl.max(gl.where(first, old, -1), axis=0)
+
+
+@gluon.jit
+def _take_item(items, item_bars, t):
+    """A consumer's ``t``-th work item, from the slot the producer published it in."""
+    W: gl.constexpr = gl.num_warps()
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
+    qi = t & 1
+    mbarrier.wait(item_bars.index(qi), (t >> 1) & 1)
+    return gl.sum(items.index(qi).load(one), axis=0)
 
 
 # ----------------------------------------------------------------------------- producer
@@ -200,17 +254,21 @@ def _load_item(
 @gluon.jit
 def _producer(
     args, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-    NUM_WG: gl.constexpr, PACK: gl.constexpr, PROFILE: gl.constexpr,
+    NUM_WG: gl.constexpr, PACK: gl.constexpr, PROFILE: gl.constexpr, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
-    """The copies of this program's work items, in the order the consumer reads them. Q and the
+    """The copies of this program's work items, in the order the consumer reads them. With
+    ``DYNAMIC`` the producer takes each next item from a global ticket (``ticket_ptr[0]``, one
+    atomic add, fetched one item ahead) and publishes it to the consumers; when the tickets run
+    out it publishes the end (the first consumer then counts the program done). Q and the
     descriptors are double-buffered by item parity: rewriting a buffer's descriptors waits for the
     consumer to release that buffer's Q, which it does once it has read every tile of that item.
     Tile shapes come from the shared-memory buffers."""
     (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-        seq_ptr, blk_ptr, total, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-        rows_q, rows_k, window_left, window_right, prof_ptr,
+        seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
+        pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, prof_ptr, items, item_bars,
+        ticket_ptr,
     ) = args  # fmt: skip
     ring = (k_smem, v_smem, k_full, v_full, k_empty, v_empty)
     it = 0
@@ -225,18 +283,25 @@ def _producer(
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     TILE_M: gl.constexpr = PARTS * q_smem.shape[1] // PACK  # positions per item
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+    w = _fetch_add(ticket_ptr, "relaxed") if DYNAMIC else gl.program_id(0)
+    while w < total:
         if PROFILE:
             c0 = _tick(t)
         unit, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
-            w, seq_ptr, blk_ptr, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+            w, seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
+            cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M,
+            BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
         head = unit * PACK
         qi = t & 1
         if PROFILE:
             c1 = _tick(end)
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
+        if DYNAMIC:  # the slot is free with the Q buffer
+            _publish_item(items, item_bars, qi, w)
+            w_next = _fetch_add(ticket_ptr, "relaxed")
+        else:
+            w_next = w + gl.num_programs(0)
         if PROFILE:
             c2 = _tick(end)
             p_item += (c1 - c0).to(gl.int32)
@@ -256,6 +321,11 @@ def _producer(
         if PROFILE:
             p_load += (_tick(it) - c2).to(gl.int32)
         t += 1
+        w = w_next
+    if DYNAMIC:  # the end (w >= total), once the consumers are done with the slot
+        qi = t & 1
+        mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
+        _publish_item(items, item_bars, qi, w)
     if PROFILE:  # row NUM_WG: total, geometry, Q buffer waits, copies, stage waits in them, tiles, items
         z = gl.to_tensor(0)
         total_cycles = (_tick(t) - start).to(gl.int32)
@@ -370,7 +440,7 @@ def _pass_turn(turns, WG: gl.constexpr, NUM_WG: gl.constexpr):
 def _consumer(
     args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
-    WG: gl.constexpr, NUM_WG: gl.constexpr, PACK: gl.constexpr, PROFILE: gl.constexpr,
+    WG: gl.constexpr, NUM_WG: gl.constexpr, PACK: gl.constexpr, PROFILE: gl.constexpr, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
@@ -379,8 +449,9 @@ def _consumer(
     (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h,
-        seq_ptr, blk_ptr, total, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-        rows_q, rows_k, window_left, window_right, sm_scale, softcap, prof_ptr,
+        seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
+        pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, sm_scale, softcap, prof_ptr,
+        items, item_bars, ticket_ptr,
     ) = args  # fmt: skip
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     BLOCK_M: gl.constexpr = PARTS * q_smem.shape[1]
@@ -415,12 +486,14 @@ def _consumer(
         c_s = 0
         c_pv = 0
         c_end = 0
-    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+    w = _take_item(items, item_bars, t) if DYNAMIC else gl.program_id(0)
+    while w < total:
         if PROFILE:
             e0 = _tick(t)
         unit, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
-            w, seq_ptr, blk_ptr, units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-            rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M, BLOCK_N, HAS_LEFT, HAS_RIGHT,
+            w, seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
+            cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M,
+            BLOCK_N, HAS_LEFT, HAS_RIGHT,
         )  # fmt: skip
         head = unit * PACK + (WG if PACK == 2 else 0)
         out_base = out_ptr + head * stride_oh + q_start * stride_ot
@@ -557,6 +630,16 @@ def _consumer(
         gl.store(lse_base + rows, lse, mask=rows < seqlen_q)
         if PROFILE:
             c_end += (_tick(t) - e4).to(gl.int32)
+        if DYNAMIC:
+            w = _take_item(items, item_bars, t)
+        else:
+            w += gl.num_programs(0)
+    if DYNAMIC and WG == 0:  # noqa: SIM102 (a constexpr test, then a runtime one)
+        # this program's producer took its last ticket: count it done (``ticket_ptr[1]``); the last
+        # program counted zeroes both counters for the next launch (every ticket is taken by then)
+        if _fetch_add(ticket_ptr + 1, "acq_rel") == gl.num_programs(0) - 1:
+            gl.store(ticket_ptr, 0)
+            gl.store(ticket_ptr + 1, 0)
     if PROFILE:  # row WG: total, item geometry, Q, K, V, turn, S, P V waits, epilogue, tiles, items
         z = gl.to_tensor(0)
         total_cycles = (_tick(t) - start).to(gl.int32)
@@ -573,15 +656,18 @@ def attention_fwd_kernel(
     cu_q_ptr, cu_k_ptr, cup_q_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, seq_ptr, blk_ptr, count_ptr,
     num_seqs, num_heads, rows_q, rows_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lse_h,
-    sm_scale, softcap, window_left, window_right,
+    sm_scale, softcap, window_left, window_right, head_section, serpentine,
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, HAS_POSITIONS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    SLOTS: gl.constexpr, PACK: gl.constexpr, prof_ptr=None, PROFILE: gl.constexpr = False,
+    SLOTS: gl.constexpr, PACK: gl.constexpr, DYNAMIC: gl.constexpr, prof_ptr=None,
+    PROFILE: gl.constexpr = False,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
-    list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads)."""
+    list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads), or with
+    ``DYNAMIC`` the next unclaimed item whenever its producer is ready for one (the ticket
+    ``count[1]``, which ``build_work_list`` zeroes and the launch leaves at zero)."""
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
         _fill_padding(
             out_ptr, lse_ptr, stride_ot, stride_oh, stride_lse_h, cu_q_ptr, cup_q_ptr, num_seqs, num_heads,
@@ -608,7 +694,11 @@ def attention_fwd_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turns = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    # DYNAMIC: the producer's work items for the consumers, by item parity
+    items = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    item_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
+        mbarrier.init(item_bars.index(i), count=1)
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(q_bars.index(2 + i), count=NUM_WG)
     for i in gl.static_range(NUM_WG):
@@ -625,26 +715,27 @@ def attention_fwd_kernel(
     # constexprs are spelled out in each entry.
     consumer = (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
-        sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, units,
-        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-        window_left, window_right, sm_scale, softcap, prof_ptr,
+        sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, units, head_section,
+        serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
+        window_left, window_right, sm_scale, softcap, prof_ptr, items, item_bars, count_ptr + 1,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, seq_ptr, blk_ptr, total,
-        units, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-        window_left, window_right, prof_ptr,
+        units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
+        rows_q, rows_k, window_left, window_right, prof_ptr, items, item_bars, count_ptr + 1,
     )  # fmt: skip
     if NUM_WG == 3:  # three 4-warp consumer partitions taking turns, and the producer warp
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 3, PACK, PROFILE)),
+                             ACCUMULATE, 0, 3, PACK, PROFILE, DYNAMIC)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 3, PACK, PROFILE)),
+                             ACCUMULATE, 1, 3, PACK, PROFILE, DYNAMIC)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 2, 3, PACK, PROFILE)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE)),
+                             ACCUMULATE, 2, 3, PACK, PROFILE, DYNAMIC)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE,
+                             DYNAMIC)),
             ],
             [4, 4, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
@@ -653,10 +744,11 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 2, PACK, PROFILE)),
+                             ACCUMULATE, 0, 2, PACK, PROFILE, DYNAMIC)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 2, PACK, PROFILE)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE)),
+                             ACCUMULATE, 1, 2, PACK, PROFILE, DYNAMIC)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE,
+                             DYNAMIC)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
@@ -665,8 +757,9 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 1, PACK, PROFILE)),
-                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE)),
+                             ACCUMULATE, 0, 1, PACK, PROFILE, DYNAMIC)),
+                (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE,
+                             DYNAMIC)),
             ],
             [1],
             [PRODUCER_REGS],

@@ -5,7 +5,8 @@ index from the highest down (under a causal mask a sequence's tile ``m`` sees ``
 so this is longest first), sequences in order within one tile index. Item ``(b, m)`` lands at
 ``#{items with a higher tile index} + #{b' < b with more than m tiles}``, computed per item by one
 program per sequence, so the list costs one small launch. Lengths are clamped as the attention
-kernels clamp them (``geometry.span``) and nothing is written past ``capacity``.
+kernels clamp them (``geometry.span``) and nothing is written past ``capacity``. ``count[1]`` and
+``count[2]`` are zeroed: the forward's dynamic order counts its tickets and finished programs there.
 """
 
 from __future__ import annotations
@@ -66,3 +67,4 @@ def build_work_list(
             n = _num_tiles(cu_ptr, cup_ptr, others, others < num_seqs, num_rows, BLOCK_M)
             total += tl.sum(n.to(tl.int64), 0)
         tl.store(count_ptr + tl.zeros([1], tl.int32), tl.minimum(total, capacity).to(tl.int32))
+        tl.store(count_ptr + 1 + tl.arange(0, 2), tl.zeros([2], tl.int32))  # the dynamic order's counters
