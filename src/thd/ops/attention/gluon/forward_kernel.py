@@ -1,8 +1,10 @@
 """Warp-specialized Gluon forward attention for Hopper (sm_90), FlashAttention-3's structure.
 
-Persistent: ``G`` programs (one per SM) take work items ``p, p + G, ...`` of a list built on the
-device from the offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, tile index descending,
-heads innermost), so short documents leave no empty programs and nothing syncs with the host.
+Persistent: ``G`` programs (one per SM) take the work items of a list built on the device from the
+offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, tile index descending, heads in sections
+innermost; :func:`_item_and_head`), either every ``G``-th (``p, p + G, ...``, optionally every other
+round reversed) or, with ``DYNAMIC``, the next unclaimed one from a ticket, so short documents leave
+no empty programs and nothing syncs with the host.
 Before the warp-specialized region the programs write every padding row (``out`` 0, ``lse`` -inf)
 between them, as the ``tl`` kernel does; the cost is proportional to the padding. Then:
 
