@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["is_capturing"]
+
+
+@functools.cache
+def _has_cuda() -> bool:
+    """Whether this process has a CUDA device (asked once: a capture needs one, and the answer
+    cannot turn from no to yes while torch runs; the call costs as much as the capture check)."""
+    return torch.cuda.is_available()
 
 
 def is_capturing() -> bool:
@@ -14,4 +23,4 @@ def is_capturing() -> bool:
     availability is checked first. Host syncs (``.item()``, ``.tolist()``, ``.cpu()``)
     are illegal whenever this returns True.
     """
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return _has_cuda() and torch.cuda.is_current_stream_capturing()

@@ -20,14 +20,17 @@ from thd._runtime import config
 from thd.cp import plan_cache, ring_attention
 from thd.cp.plan import PlanRequest, RingPlan, build_plan
 from thd.cp.plan_cache import CAPACITY, clear_plan_cache, plan_cache_counts, plan_for
+from thd.cp.prepare import clear_prepared_calls, prepare_counts
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
 
 @pytest.fixture(autouse=True)
 def _empty_cache() -> Iterator[None]:
     clear_plan_cache()
+    clear_prepared_calls()
     yield
     clear_plan_cache()
+    clear_prepared_calls()
 
 
 def _request(cu: Tensor, cup: Tensor, rank: int = 0, window: tuple[int, int] = (-1, -1)) -> PlanRequest:
@@ -153,7 +156,8 @@ def test_the_cache_keeps_the_last_plans_only() -> None:
 @pytest.mark.skipif(not config.interpreting(), reason="the tl kernels on CPU need TRITON_INTERPRET=1")
 def test_ring_calls_on_the_same_offsets_share_one_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ring calls on the same offsets tensors (two layers of one step; rank 0 of 2, alone):
-    the second reuses the first's plan and gives, bitwise, what a call on new tensors gives."""
+    the second reuses the first's prepared call (so its plan: the plan cache is not even asked)
+    and gives, bitwise, what a call on new tensors gives."""
     q, k, v, do = rank0_of_two_alone(monkeypatch)
 
     def call(cu: Tensor) -> list[Tensor]:
@@ -163,7 +167,7 @@ def test_ring_calls_on_the_same_offsets_share_one_plan(monkeypatch: pytest.Monke
 
     cu = _offsets([0, 12, 16])
     first, second = call(cu), call(cu)
-    assert plan_cache_counts == {"misses": 1, "hits": 1}
+    assert plan_cache_counts == {"misses": 1} and prepare_counts == {"misses": 1, "hits": 1}
     fresh = call(_offsets([0, 12, 16]))
     for name, a, b, c in zip(("out", "dq", "dk", "dv"), first, second, fresh, strict=True):
         assert torch.equal(a, b) and torch.equal(a, c), name
@@ -193,9 +197,9 @@ def test_graph_replay_on_new_offsets_after_cached_eager_calls_gpu(monkeypatch: p
 
     for _ in range(2):
         step()
-    assert plan_cache_counts["hits"] >= 1
+    assert prepare_counts["hits"] >= 1
     graph, out = capture_graph(step)
-    assert plan_cache_counts["capturing"] == 1
+    assert plan_cache_counts["capturing"] == 1 and prepare_counts["capturing"] == 1
     for values in batches[1:]:
         cu.copy_(torch.tensor(values, dtype=torch.int32, device="cuda"))
         graph.replay()

@@ -52,22 +52,13 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from thd._capture import is_capturing
-from thd.cp.checks import (
-    check_metadata,
-    check_scores,
-    check_shards,
-    check_values,
-    max_len,
-    resolve_max_seqlen,
-)
 from thd.cp.comm import P2P, RingComm, resolve_group
 from thd.cp.launches import launch_backward, launch_forward
-from thd.cp.plan import Launch, PlanRequest, RingPlan
-from thd.cp.plan_cache import plan_for
+from thd.cp.plan import Launch, RingPlan
+from thd.cp.prepare import RingCall, prepare_call
 from thd.cp.transport import ring_comm
-from thd.errors import ThdError
 from thd.ops.attention.dispatch import runs_kernels
-from thd.ops.attention.keywords import SCORE_ARGS, ScoreArgs, Unpack, check_keywords
+from thd.ops.attention.keywords import ScoreArgs, Unpack
 from thd.ops.attention.params import AttentionOptions, SavedForBackward, VarlenLayout
 
 __all__ = [
@@ -111,12 +102,6 @@ def _clean_padding(plan: RingPlan, out: Tensor | None = None, grads: tuple[Tenso
         targets += zip(grads, (q_layout, kv_layout, kv_layout), strict=True)
     for x, (cu, cup) in targets:
         zero_padding_(x, cu, cup, pad_between_seqs=True)
-
-
-def _resolve_pad(explicit: bool | None, cu: Tensor, cup: Tensor | None, cp: int) -> bool:
-    from thd.padding import resolve_pad_between_seqs
-
-    return resolve_pad_between_seqs(explicit, cu, cup, cp_size=cp)
 
 
 def _host_reads_allowed(q: Tensor, max_seqlen_q: int | None, max_seqlen_kv: int | None) -> bool:
@@ -428,47 +413,13 @@ def ring_attention(
     grp = resolve_group(_FN, group)
     comm = ring_comm(grp, q)  # the transport: chosen on the first call with grp, then cached
     cp = comm.size
-    sync_ok = _host_reads_allowed(q, max_seqlen_q, max_seqlen_kv)
-    error: Exception | None = None
-    options = AttentionOptions(1.0)
     given = VarlenLayout(
         cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, max_seqlen_q, max_seqlen_kv
-    )  # as passed: checked below
+    )  # as passed: checked by prepare_call
+    sync_ok = _host_reads_allowed(q, max_seqlen_q, max_seqlen_kv)
+    options, plan = prepare_call(RingCall(comm, (q, k, v), given, pad_between_seqs, scores), sync_ok=sync_ok)
     causal = scores.get("causal", True)
     sinks = scores.get("sinks")
-    try:
-        check_keywords(_FN, scores, SCORE_ARGS)
-        check_metadata(q, k, v, given, causal)
-        options = check_scores(q, scores)
-    except ThdError as exc:
-        error = exc
-    if sync_ok and cp > 1:
-        check_shards(comm, q, k, v, error)
-    elif error is not None:
-        raise error
-    if sync_ok:
-        check_values(given, cp, q.shape[0], k.shape[0], causal)
-    cup_q, cup_kv = given.slots_q, given.slots_kv
-    pad = _resolve_pad(pad_between_seqs, cu_seqlens_q, cu_seqlens_q_padded, cp)
-    if pad_between_seqs is None and not pad:
-        pad = _resolve_pad(None, cu_seqlens_kv, cu_seqlens_kv_padded, cp)
-    max_slots = sync_ok and pad and cp > 1  # the largest slots tighten the grid bounds: one read each
-    layout = given.with_max_seqlens(
-        resolve_max_seqlen("max_seqlen_q", cu_seqlens_q, max_seqlen_q),
-        resolve_max_seqlen("max_seqlen_kv", cu_seqlens_kv, max_seqlen_kv),
-    )
-    request = PlanRequest(
-        layout,
-        options,
-        cp_size=cp,
-        cp_rank=comm.rank,
-        pad_between_seqs=pad,
-        max_slot_q=max_len(cup_q) if max_slots else None,
-        max_slot_kv=max_len(cup_kv) if max_slots else None,
-        sinks=sinks is not None,
-        read_layout=sync_ok,
-    )
-    plan = plan_for(request)
     path_counts["single" if cp == 1 else "rank_counts" if plan.exact else "fast"] += 1
     if cp > 1 and (options.window_left >= 0 or (not causal and options.window_size[1] >= 0)):
         window_counts["calls"] += 1
