@@ -4,7 +4,7 @@
 # order (results in benchmarks/results/: gluon-waits-7dd9cae-h100.json, gluon-fwd-*-ab-h*.json).
 #   device: bash benchmarks/device/pending_checks.sh 1   (then ... 2, ... 3)
 # Call 1: the Gluon forward GPU test file's work-order tests (the 10 parametrizations the merge's
-#   call did not reach), the wait profile of the merged order (one call per row: int32 sums), then
+#   call did not reach), the wait profile of the merged order, then
 #   the backward file and fast launch on main.
 # Call 2: the threaded-ring hang under prefer-gluon, with every thread's stack in $OUT.
 # Call 3: the rest of the prefer-gluon GPU suite (attention, variants, ring); FA4 tests need
@@ -22,7 +22,7 @@ case "${1:?usage: pending_checks.sh 1|2|3}" in
   gpu_tests 150 tests/ops/gluon/test_forward_gpu.py -k "work_orders or graph_replay"
   echo "== wait profile $(date +%T)"
   PYTHONPATH=src:. timeout 90 python3 benchmarks/device/profile_gluon_waits.py --out "${OUT:-/tmp}/gluon-waits.json" \
-    --calls 1 --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -5
+    --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -5
   echo "== Gluon backward and fast launch $(date +%T)"
   gpu_tests 180 tests/ops/gluon/test_backward_gpu.py tests/ops/test_fast_launch.py
   ;;

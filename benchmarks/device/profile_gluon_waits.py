@@ -41,7 +41,7 @@ def profile_row(head_dim: int, spec: str, calls: int, rep_ms: float) -> dict:
     flops = attention_flops(p.lengths, p.lengths, 16, head_dim, causal=True)
     tile = gluon_forward.tile_for(head_dim, head_dim)
     plain = bench_back_to_back(lambda: gluon_forward.forward(call), rep_ms=rep_ms)
-    buffer = torch.zeros(tile.consumers + 1, 16, dtype=torch.int32, device="cuda")
+    buffer = torch.zeros(tile.consumers + 1, 16, dtype=torch.int64, device="cuda")
     gluon_forward.WAIT_PROFILE = buffer
     try:
         gluon_forward.forward(call)  # compile
@@ -82,11 +82,15 @@ def main() -> int:
     parser.add_argument(
         "--rows",
         nargs="*",
-        default=["128,32768:512-8192", "128,16384:256-4096", "128,16384:64-1024", "64,32768:512-8192"],
+        default=[
+            "128,32768:512-8192",
+            "128,16384:256-4096",
+            "128,16384:64-1024",
+            "64,32768:512-8192",
+            "128,65536:25000-40000",
+        ],
     )
-    parser.add_argument(
-        "--calls", type=int, default=2, help="profiled launches per row (int32 sums over programs)"
-    )
+    parser.add_argument("--calls", type=int, default=2, help="profiled launches per row")
     parser.add_argument("--rep-ms", type=float, default=40.0)
     args = parser.parse_args()
     records = []

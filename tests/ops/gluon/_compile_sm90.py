@@ -201,7 +201,7 @@ def _signature(fn, config: Config) -> dict[str, str]:  # type: ignore[no-untyped
         if index in fn.constexprs or (name == "prof_ptr" and name in config.constexprs):
             signature[name] = "constexpr"
         elif name == "prof_ptr":
-            signature[name] = "*i32"
+            signature[name] = "*i64"
         elif name in config.fp32:
             signature[name] = "*fp32"
         elif name in _INT:

@@ -347,7 +347,7 @@ def test_wait_profile_counts_every_item_and_tile_and_keeps_the_output(
     options = AttentionOptions(dim**-0.5, causal=True)
     q, k, v, varlen, out, lse = _run(layout, 4, 2, dim, dim, BF16, options)
     tile = gluon_forward.tile_for(dim, dim)
-    buffer = torch.zeros(tile.consumers + 1, 16, dtype=torch.int32, device="cuda")
+    buffer = torch.zeros(tile.consumers + 1, 16, dtype=torch.int64, device="cuda")
     monkeypatch.setattr(gluon_forward, "WAIT_PROFILE", buffer)
     profiled_out, profiled_lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
     assert torch.equal(profiled_out, out) and torch.equal(profiled_lse, lse)

@@ -200,7 +200,7 @@ def test_wait_profile_launch_differs_from_the_plain_launch_only_in_the_profile(
     q, k, v, cu = _batch(0, (70, 130))
     call = ForwardCall(q, k, v, VarlenLayout(cu, cu), AttentionOptions(0.1, causal=True))
     gluon_forward.forward(call)
-    buffer = torch.zeros(3, 16, dtype=torch.int32)
+    buffer = torch.zeros(3, 16, dtype=torch.int64)
     monkeypatch.setattr(gluon_forward, "WAIT_PROFILE", buffer)
     gluon_forward.forward(call)
     (grid, args, plain), (grid_p, args_p, profiled) = recorded.calls

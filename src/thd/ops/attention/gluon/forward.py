@@ -323,6 +323,6 @@ SERPENTINE: bool | None = None
 """Whether every other full round of the static order is taken in reverse. ``None``: the tile's."""
 
 WAIT_PROFILE: Tensor | None = None
-"""An int32 buffer of ``(consumers + 1) x 16`` cycle counters: while set, every forward launch adds
+"""An int64 buffer of ``(consumers + 1) x 16`` cycle counters: while set, every forward launch adds
 its consumer warpgroups' (rows ``0 .. consumers - 1``) and producer's (row ``consumers``) wait
 cycles to it (``forward_kernel``'s ``PROFILE``)."""

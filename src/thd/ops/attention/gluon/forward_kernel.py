@@ -407,9 +407,10 @@ def _tick(anchor):
 
 @gluon.jit
 def _record(prof_ptr, slot, counters):
-    """Add a partition's counters to row ``slot`` (16 int32 each) of the profile buffer."""
+    """Add a partition's counters (int32: one program's cycles) to row ``slot`` (16 int64 each) of
+    the profile buffer: the sums over programs and launches would overflow int32."""
     for i in gl.static_range(len(counters)):
-        gl.atomic_add(prof_ptr + slot * 16 + i, counters[i])
+        gl.atomic_add(prof_ptr + slot * 16 + i, counters[i].to(gl.int64))
 
 
 @gluon.jit
