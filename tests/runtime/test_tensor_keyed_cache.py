@@ -57,3 +57,11 @@ def test_the_least_recently_used_entry_goes_first_and_clear_resets() -> None:
     assert cache.get_or_build((t2,), (), build, capturing=False) == 4
     cache.clear()
     assert not cache.counts and cache.get_or_build((t1,), (), build, capturing=False) == 5
+
+
+def test_an_unhashable_rest_always_builds() -> None:
+    cache: TensorKeyedCache[int] = TensorKeyedCache(4)
+    build = _Builds()
+    a = torch.zeros(3)
+    assert [cache.get_or_build((a,), (["list"],), build, capturing=False) for _ in range(2)] == [1, 2]
+    assert cache.counts == {"uncached": 2}

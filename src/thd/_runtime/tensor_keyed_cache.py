@@ -38,21 +38,22 @@ class TensorKeyedCache(Generic[V]):
         self, tensors: tuple[Tensor, ...], rest: tuple, build: Callable[[], V], *, capturing: bool
     ) -> V:
         """The value an earlier call with the same, unchanged ``tensors`` and an equal ``rest``
-        built, else ``build()`` (kept unless ``capturing`` or a tensor has no version counter)."""
+        built, else ``build()`` (kept unless ``capturing``, a tensor has no version counter or
+        ``rest`` cannot be hashed)."""
         if capturing:
             self.counts["capturing"] += 1
             return build()
         try:
             key = (tuple((id(t), t._version) for t in tensors), rest)
-        except RuntimeError:  # an inference tensor: no version counter
+            with self._lock:
+                entry = self._entries.get(key)  # hashes the key: TypeError for an unhashable rest
+                if entry is not None and all(map(is_, entry[0], tensors)):
+                    self._entries.move_to_end(key)
+                    self.counts["hits"] += 1
+                    return entry[1]
+        except (RuntimeError, TypeError):  # an inference tensor (no version counter), an unhashable rest
             self.counts["uncached"] += 1
             return build()
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and all(map(is_, entry[0], tensors)):
-                self._entries.move_to_end(key)
-                self.counts["hits"] += 1
-                return entry[1]
         value = build()
         with self._lock:
             self._entries[key] = (tensors, value)

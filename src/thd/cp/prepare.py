@@ -137,11 +137,7 @@ def prepare_call(call: RingCall, *, sync_ok: bool) -> PreparedCall:
         given.max_seqlen_kv,
         call.pad_between_seqs,
     )
-    try:
-        hash(rest)
-    except TypeError:  # an unhashable score argument (its checks will say whether it is valid)
-        _CALLS.counts["uncached"] += 1
-        return _checked(call, sync_ok=False)
+    # an unhashable score argument is not cached (its checks will say whether it is valid)
     return _CALLS.get_or_build(tensors, rest, lambda: _checked(call, sync_ok=False), capturing=is_capturing())
 
 
