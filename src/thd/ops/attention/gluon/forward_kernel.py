@@ -114,13 +114,17 @@ def _item_and_head(w, total, num_heads, head_section, serpentine):
 
 @gluon.jit
 def _work_item(
-    w, seq_ptr, blk_ptr, total, num_heads, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
-    cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS: gl.constexpr,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    w, work, HAS_POSITIONS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
-    """Work item ``w`` (:func:`_item_and_head`): its head, query tile, the sequence's query and key spans,
-    its visible band ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or
-    placed by the positions) and the query tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
+    """Work item ``w`` (:func:`_item_and_head`) of the list and layout ``work`` (the kernel's tuple):
+    its head, query tile, the sequence's query and key spans, its visible band ``[d_lo, d_hi]`` of
+    key index minus query index (bottom-right aligned, or placed by the positions) and the query
+    tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
+    (
+        seq_ptr, blk_ptr, total, num_heads, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
+        cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right,
+    ) = work  # fmt: skip
     item, head = _item_and_head(w, total, num_heads, head_section, serpentine)
     b = gl.load(seq_ptr + item)
     m_block = gl.load(blk_ptr + item)
@@ -267,10 +271,8 @@ def _producer(
     Tile shapes come from the shared-memory buffers."""
     (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty,
-        seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
-        pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, prof_ptr, items, item_bars,
-        ticket_ptr,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, work, total, prof_ptr, items,
+        item_bars, ticket_ptr,
     ) = args  # fmt: skip
     ring = (k_smem, v_smem, k_full, v_full, k_empty, v_empty)
     it = 0
@@ -290,10 +292,8 @@ def _producer(
         if PROFILE:
             c0 = _tick(t)
         unit, m_block, q_start, seqlen_q, k_start, seqlen_k, _, _, a, _, _, end = _work_item(
-            w, seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
-            cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M,
-            BLOCK_N, HAS_LEFT, HAS_RIGHT,
-        )  # fmt: skip
+            w, work, HAS_POSITIONS, TILE_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
+        )
         head = unit * PACK
         qi = t & 1
         if PROFILE:
@@ -451,10 +451,8 @@ def _consumer(
     turns issuing. Tile shapes come from the shared-memory buffers."""
     (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
-        sinks_ptr, stride_ot, stride_oh, stride_lse_h,
-        seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
-        pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, sm_scale, softcap, prof_ptr,
-        items, item_bars, ticket_ptr,
+        sinks_ptr, stride_ot, stride_oh, stride_lse_h, work, total, sm_scale, softcap, prof_ptr, items,
+        item_bars, ticket_ptr,
     ) = args  # fmt: skip
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     BLOCK_M: gl.constexpr = PARTS * q_smem.shape[1]
@@ -494,10 +492,8 @@ def _consumer(
         if PROFILE:
             e0 = _tick(t)
         unit, m_block, q_start, seqlen_q, _, seqlen_k, d_lo, d_hi, a, b_full, c_full, end = _work_item(
-            w, seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
-            cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right, HAS_POSITIONS, TILE_M,
-            BLOCK_N, HAS_LEFT, HAS_RIGHT,
-        )  # fmt: skip
+            w, work, HAS_POSITIONS, TILE_M, BLOCK_N, HAS_LEFT, HAS_RIGHT
+        )
         head = unit * PACK + (WG if PACK == 2 else 0)
         out_base = out_ptr + head * stride_oh + q_start * stride_ot
         lse_base = lse_ptr + head * stride_lse_h + q_start
@@ -716,17 +712,19 @@ def attention_fwd_kernel(
     # In Triton 3.6 a tuple bound to a name inside the kernel turns its constexprs into values
     # ("Shape element 0 must have type constexpr[int]"): the tuples bound here hold values only, the
     # constexprs are spelled out in each entry.
+    work = (  # the work list and the layout, as _work_item reads them
+        seq_ptr, blk_ptr, total, units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
+        pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right,
+    )  # fmt: skip
     consumer = (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
-        sinks_ptr, stride_ot, stride_oh, stride_lse_h, seq_ptr, blk_ptr, total, units, head_section,
-        serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k,
-        window_left, window_right, sm_scale, softcap, prof_ptr, items, item_bars, count_ptr + 1,
+        sinks_ptr, stride_ot, stride_oh, stride_lse_h, work, total, sm_scale, softcap, prof_ptr, items,
+        item_bars, count_ptr + 1,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, seq_ptr, blk_ptr, total,
-        units, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr,
-        rows_q, rows_k, window_left, window_right, prof_ptr, items, item_bars, count_ptr + 1,
+        q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, work, total, prof_ptr, items,
+        item_bars, count_ptr + 1,
     )  # fmt: skip
     if NUM_WG == 3:  # three 4-warp consumer partitions taking turns, and the producer warp
         gl.warp_specialize(
