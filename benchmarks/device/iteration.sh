@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU iteration of the attention work, in one device call right after `fa4-wheels.sh stage`
 # (see ../shared/tools/fa4-wheels.sh): FA4 install, the attention benchmark with both thd families,
-# FA4, cuDNN and varlen_attn, the attention/ring/Gluon GPU tests under THD_KERNELS=prefer-gluon, and
+# FA4, cuDNN and varlen_attn, host time per eager call against varlen_attn and FA4, the attention/ring/Gluon GPU tests under THD_KERNELS=prefer-gluon, and
 # the Gluon kernels' bounds tests under compute-sanitizer memcheck. Each step is cut at a time
 # budget (seconds from the start) so the whole fits one 600-second call.
 #   device: carry [".fa4/b"], command: SHA=<commit> [VARIANTS=1] [TESTS="<paths>"] bash benchmarks/device/iteration.sh
@@ -18,6 +18,9 @@ PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 330)" python3 benchmarks/bench_atte
   --out "$OUT/attention-$SHA.json" --commit "$SHA" --providers thd-tl thd-gluon fa4 cudnn varlen_attn \
   --budget-s 240 --rep-ms 60 --trials 3 2>&1 | tail -4
 PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT/attention-$SHA.json" 2>&1 | head -40
+echo "== host time per eager call (bench_host.py: thd, varlen_attn, FA4) $(date +%T)"
+PYTHONPATH=src:.:benchmarks:$PYTHONPATH timeout "$(left 370)" python3 benchmarks/bench_host.py \
+  --out "$OUT/host-time-$SHA.json" --commit "$SHA" 2>&1 | tail -12
 if [ "${VARIANTS:-0}" = 1 ]; then  # window / softcap / sinks, both families against FA4
   echo "== variants $(date +%T)"
   PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 420)" python3 benchmarks/bench_attention.py --variants \
