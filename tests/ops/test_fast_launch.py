@@ -695,8 +695,12 @@ def _check_fast_path_bits(monkeypatch: pytest.MonkeyPatch, launchers: list[Kerne
     kw = {"cu_seqlens_q_padded": cup, "cu_seqlens_kv_padded": cup, "max_seqlen_q": 120, "max_seqlen_kv": 120}
 
     def run() -> list[torch.Tensor]:
+        # New offset tensors each call, as a data loader passes them: nothing cached per layout
+        # (the Gluon forward's work list) spares a launch, so every kernel launches each call.
+        fresh = {**kw, "cu_seqlens_q_padded": cup.clone(), "cu_seqlens_kv_padded": cup.clone()}
+        offsets = cu.clone()
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        out = thd.attention(*leaves, cu, cu, causal=True, deterministic=True, **kw)
+        out = thd.attention(*leaves, offsets, offsets, causal=True, deterministic=True, **fresh)
         out.backward(do)
         return [out.detach(), *(t.grad for t in leaves)]  # type: ignore[misc]
 
