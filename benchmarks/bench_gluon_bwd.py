@@ -61,18 +61,6 @@ PROVIDERS: dict[str, tuple[bool | None, dict] | None] = {
     "gluon-atomic-dq": (True, dict(gluon_backward.TILES)),
     "gluon-1-consumer": (False, dict(gluon_backward.ONE_CONSUMER_TILES)),
     "gluon-atomic-dq-1-consumer": (True, dict(gluon_backward.ONE_CONSUMER_TILES)),
-    **{
-        f"gluon-{name}-smem": (
-            None,
-            {
-                key: replace(tile, dv_from_smem="dv" in name, dk_from_smem="dk" in name)
-                if key[0] == "dkdv"
-                else tile
-                for key, tile in gluon_backward.TILES.items()
-            },
-        )
-        for name in ("dv", "dk", "dkdv")
-    },
     "gluon-split-dq-3-stages": (
         False,
         {

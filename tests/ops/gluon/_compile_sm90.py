@@ -179,10 +179,6 @@ CONFIGS: dict[str, Config] = {
     ),
     "dkdv-d64-2wg-split": _dkdv(64, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False),
     "dkdv-d128-2wg-split": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, DQ_ATOMIC=False),
-    "dkdv-d128-2wg-dv-smem": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, DV_FROM_SMEM=True),
-    "dkdv-d128-2wg-dk-smem": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, DK_FROM_SMEM=True),
-    "dkdv-d128-2wg-dkdv-smem": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, DV_FROM_SMEM=True, DK_FROM_SMEM=True),
-    "dkdv-d64-2wg-dkdv-smem": _dkdv(64, NUM_WARPS=4, NUM_CONSUMERS=2, DV_FROM_SMEM=True, DK_FROM_SMEM=True),
     "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
     "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
 }

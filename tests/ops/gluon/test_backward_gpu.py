@@ -13,7 +13,6 @@ partitions, the default tiles; one 8-warp partition, ``ONE_CONSUMER_TILES``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import pytest
 import torch
@@ -265,39 +264,6 @@ def test_one_consumer_partition(layout_name, causal, window, dim, heads, atomic,
     again = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
     for name, a, b in zip(GRADS, got[:3], again[:3], strict=True):
         assert atomic or torch.equal(a, b), f"{name} not reproducible"
-
-
-@pytest.mark.parametrize("placement", ["dv", "dk", "dkdv"])
-@pytest.mark.parametrize("consumers", ["two", "one"])
-@pytest.mark.parametrize("atomic", [False, True], ids=["split-dq", "atomic-dq"])
-@pytest.mark.parametrize(
-    ("layout_name", "causal", "window", "dim", "heads"),
-    [
-        ("padded", True, (-1, -1), 128, (4, 2)),
-        ("cross", False, (37, 200), 64, (4, 1)),
-    ],
-)
-def test_operands_from_shared_memory(
-    layout_name, causal, window, dim, heads, atomic, consumers, placement, monkeypatch
-) -> None:
-    """``P^T`` / ``dS^T`` read by the dV / dK products from shared memory (``dv_from_smem``,
-    ``dk_from_smem``): the oracles' tolerances, and the same bits as the register operands (the
-    same bf16 values through the same products)."""
-    monkeypatch.setattr(gluon_backward, "ATOMIC_DQ", atomic)
-    base = gluon_backward.TWO_CONSUMER_TILES if consumers == "two" else gluon_backward.ONE_CONSUMER_TILES
-    flags = {"dv_from_smem": "dv" in placement, "dk_from_smem": "dk" in placement}
-    layout = LAYOUTS[layout_name]
-    options = AttentionOptions(dim**-0.5, causal=causal, window_size=window, deterministic=not atomic)
-    q, k, v, do, out, lse, varlen = _case(layout, heads, dim, torch.bfloat16, options)
-    monkeypatch.setattr(gluon_backward, "TILES", dict(base))
-    registers = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
-    tiles = {key: replace(tile, **flags) if key[0] == "dkdv" else tile for key, tile in base.items()}
-    monkeypatch.setattr(gluon_backward, "TILES", tiles)
-    got, tl_grads = _both(do, q, k, v, out, lse, varlen, options)
-    _check(layout, got, tl_grads, _reference_grads(q, k, v, do, layout, options))
-    for name, a, b in zip(GRADS, got[:3], registers[:3], strict=True):
-        if name != "dq" or not atomic:  # fp32 adds of dQ land in any order
-            assert torch.equal(a, b), f"{name}: shared-memory operands changed the bits"
 
 
 def _supported(q: Tensor, k: Tensor, v: Tensor, layout: VarlenLayout, options: AttentionOptions) -> bool:

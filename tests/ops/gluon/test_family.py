@@ -43,8 +43,15 @@ def test_auto_preference_follows_the_measurements() -> None:
         assert not family.auto_backward(_calls(dim, max_seqlen=None)[1])
     assert family.AUTO_BACKWARD_HEAD_DIMS == (64, 128)
     assert not family.auto_backward(_calls(32, max_seqlen=8192)[1])
-    # the forward: head dim 128 and a stated max_seqlen_q above 1024 tokens
+    # the forward: a stated max_seqlen_q above 1024 tokens at head dim 128, above 4096 at 64
     assert family.auto_forward(_calls(128, max_seqlen=1025)[0])
     assert not family.auto_forward(_calls(128, max_seqlen=1024)[0])
     assert not family.auto_forward(_calls(128, max_seqlen=None)[0])  # unknown: never read back
-    assert not family.auto_forward(_calls(64, max_seqlen=8192)[0])
+    assert family.auto_forward(_calls(64, max_seqlen=4097)[0])
+    assert not family.auto_forward(_calls(64, max_seqlen=4096)[0])
+    assert not family.auto_forward(_calls(64, max_seqlen=None)[0])
+    assert not family.auto_forward(_calls(256, max_seqlen=65536)[0])  # d256: tl measured faster
+    assert not family.auto_forward(_calls(32, max_seqlen=65536)[0])
+    mixed, _ = _calls(128, max_seqlen=8192)
+    v64 = mixed.v[..., :64]
+    assert not family.auto_forward(mixed._replace(v=v64))  # D != Dv: no measurement, tl

@@ -51,14 +51,10 @@ class GluonTile(WarpSpecializedTile):
     """The backward's tile: rows per tile (``block_m`` queries, ``block_n`` keys), consumer
     partitions (1: one of 8 warps, i.e. two warpgroups running the same code; 2: two 4-warp
     partitions, each its half of the tile, ordered only by the ring's mbarriers) and TMA ring
-    stages; the producer's and second consumer's registers as :class:`WarpSpecializedTile`'s.
-    ``dv_from_smem`` / ``dk_from_smem`` (dK/dV kernel): ``P^T`` / ``dS^T`` reach the ``dV`` / ``dK``
-    products from shared memory rather than registers (FA3's choice at head dim 128)."""
+    stages; the producer's and second consumer's registers as :class:`WarpSpecializedTile`'s."""
 
     consumers: int = 1
     num_stages: int = 2
-    dv_from_smem: bool = False
-    dk_from_smem: bool = False
 
     @property
     def num_warps(self) -> int:
@@ -73,14 +69,6 @@ class GluonTile(WarpSpecializedTile):
             "NUM_CONSUMERS": self.consumers,
             "CONSUMER_REGS": self.consumer_regs,
             "PRODUCER_REGS": self.producer_regs,
-        }
-
-    def dkdv_constexprs(self) -> dict[str, int]:
-        """:meth:`constexprs` and the dK/dV kernel's operand placement."""
-        return {
-            **self.constexprs(),
-            "DV_FROM_SMEM": self.dv_from_smem,
-            "DK_FROM_SMEM": self.dk_from_smem,
         }
 
 
@@ -232,7 +220,7 @@ def _make_plan(
         dkdv = PlannedLaunch(
             (max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1),
             (*sizes, *row_strides(dk, dv, dq), lse.stride(0), *window),
-            {**variant, "DQ_ATOMIC": atomic, **tile.dkdv_constexprs(), "num_warps": tile.num_warps},
+            {**variant, "DQ_ATOMIC": atomic, **tile.constexprs(), "num_warps": tile.num_warps},
         )
     dq_launch = None
     if not atomic and q.shape[0] > 0:

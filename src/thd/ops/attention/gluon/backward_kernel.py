@@ -200,8 +200,6 @@ def _dkdv_consumer(
     DQ_ATOMIC: gl.constexpr,
     NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
-    DV_FROM_SMEM: gl.constexpr,
-    DK_FROM_SMEM: gl.constexpr,
 ):
     """dK and dV of key rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each key tile in registers
     (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``). ``DQ_ATOMIC``: dQ of each query tile added to fp32 ``dq``
@@ -209,16 +207,11 @@ def _dkdv_consumer(
     partitions (FA3's): each stores its rows of ``dS^T`` in shared memory, both wait for the whole
     ``dS`` (``ds_full``), each computes its half of dQ's columns over all the tile's keys and adds it
     with one TMA reduce-add from ``dq_smem`` (rows past the sequence are dropped by the descriptor).
-    ``DV_FROM_SMEM`` / ``DK_FROM_SMEM`` (FA3's choice at head dim 128): ``P^T`` / ``dS^T`` reach the
-    ``dV`` / ``dK`` products from shared memory (this partition's rows of ``p_smem`` / ``ds_smem``)
-    rather than from registers, which then need not stay live while those products run; one fence
-    and barrier cover both stores. ``DK_FROM_SMEM`` applies with ``DQ_ATOMIC`` (``dS^T`` is in shared
-    memory for dQ anyway).
     Tile shapes come from the shared-memory buffers, the warps from this partition."""
     (
         dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
         seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem, v_smem, q_smem, do_smem, ds_smem,
-        dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem, p_smem,
+        dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
     ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
@@ -233,12 +226,9 @@ def _dkdv_consumer(
     if WG_ROWS == BLOCK_N:
         k_rows = k_smem
         v_rows = v_smem
-        p_rows = p_smem
     else:
         k_rows = k_smem.slice(WG * WG_ROWS, WG_ROWS)
         v_rows = v_smem.slice(WG * WG_ROWS, WG_ROWS)
-        p_rows = p_smem.slice(WG * WG_ROWS, WG_ROWS)  # this partition's rows of P^T (DV_FROM_SMEM)
-    DS_OPERAND_SMEM: gl.constexpr = DK_FROM_SMEM and DQ_ATOMIC
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, 16]
     )
@@ -293,13 +283,9 @@ def _dkdv_consumer(
                     rows_1d = m0 + gl.arange(0, BLOCK_M, layout=stat_layout)
                     rows = gl.expand_dims(rows_1d, 0)
                     p = gl.where(visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
-                if DV_FROM_SMEM:  # P^T into this partition's rows; dV issues after the fence below
-                    p_rows.store(p.to(dtype))
-                    dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-                else:
-                    p_op = gl.convert_layout(p.to(dtype), a_layout)
-                    dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-                    dp = warpgroup_mma_wait(1, deps=(dp_tok,))
+                p_op = gl.convert_layout(p.to(dtype), a_layout)
+                dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+                dp = warpgroup_mma_wait(1, deps=(dp_tok,))
                 delta = delta_smem.index(stage).load(stat_layout)
                 ds = (p * (dp - gl.expand_dims(delta, 0)) * sm_scale).to(dtype)
                 if DQ_ATOMIC:  # dS^T in shared memory (double-buffered): the A operand of dQ = dS K
@@ -309,19 +295,10 @@ def _dkdv_consumer(
                     else:
                         ds_tile.store(ds)
                     fence_async_shared()
-                    cta_barrier()  # every warp's rows of dS^T (and P^T) are in place
+                    cta_barrier()  # every warp's rows of dS^T are in place
                     if NUM_CONSUMERS == 2:
                         mbarrier.arrive(ds_full.index(it % 2))
-                elif DV_FROM_SMEM:
-                    fence_async_shared()
-                    cta_barrier()  # every warp's rows of P^T are in place
-                if DV_FROM_SMEM:
-                    dv_tok = warpgroup_mma(p_rows, do_tile, dv, is_async=True)
-                if DS_OPERAND_SMEM:
-                    ds_rows = ds_tile.slice(WG * WG_ROWS, WG_ROWS) if NUM_CONSUMERS == 2 else ds_tile
-                    dk_tok = warpgroup_mma(ds_rows, q_tile, dk, is_async=True)
-                else:
-                    dk_tok = warpgroup_mma(gl.convert_layout(ds, a_layout), q_tile, dk, is_async=True)
+                dk_tok = warpgroup_mma(gl.convert_layout(ds, a_layout), q_tile, dk, is_async=True)
                 if DQ_ATOMIC:
                     if NUM_CONSUMERS == 2:  # the other partition's rows of dS^T are in place too
                         mbarrier.wait(ds_full.index(it % 2), (it // 2) & 1)
@@ -385,8 +362,7 @@ def _dkdv_kernel(
     HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
     ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, DV_FROM_SMEM: gl.constexpr = False,
-    DK_FROM_SMEM: gl.constexpr = False,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):  # fmt: skip
     kv_head = gl.program_id(1)
     b = gl.program_id(2)
@@ -416,8 +392,6 @@ def _dkdv_kernel(
     do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_M, HEAD_DIM], smem)
     # dS^T of the tile, double-buffered: the A operand of dQ = dS K (unused without DQ_ATOMIC)
     ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], smem) if DQ_ATOMIC else k_smem
-    # P^T of the tile, each partition its rows: the A operand of dV += P^T dO (unused otherwise)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], smem) if DV_FROM_SMEM else k_smem
     kv_ready, kv_empty, ready, empty = _barriers(
         NUM_STAGES=NUM_STAGES, NUM_CONSUMERS=NUM_CONSUMERS, READY_ARRIVALS=2
     )
@@ -443,7 +417,7 @@ def _dkdv_kernel(
     consumer = (
         dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
         seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem, v_smem, q_smem, do_smem, ds_smem,
-        dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem, p_smem,
+        dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
     )  # fmt: skip
     producer = (
         q_ptr + q_start.to(gl.int64) * stride_qt, do_ptr + q_start.to(gl.int64) * stride_dot,
@@ -455,21 +429,7 @@ def _dkdv_kernel(
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (
-                    _dkdv_consumer,
-                    (
-                        consumer,
-                        GROUP,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        DQ_ATOMIC,
-                        1,
-                        0,
-                        DV_FROM_SMEM,
-                        DK_FROM_SMEM,
-                    ),
-                ),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 1, 0)),
                 (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
@@ -478,36 +438,8 @@ def _dkdv_kernel(
     else:  # two consumer warpgroups, each its half of the key tile, ordered only by the ring
         gl.warp_specialize(
             [
-                (
-                    _dkdv_consumer,
-                    (
-                        consumer,
-                        GROUP,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        DQ_ATOMIC,
-                        2,
-                        0,
-                        DV_FROM_SMEM,
-                        DK_FROM_SMEM,
-                    ),
-                ),
-                (
-                    _dkdv_consumer,
-                    (
-                        consumer,
-                        GROUP,
-                        HAS_LEFT,
-                        HAS_RIGHT,
-                        ACCUMULATE,
-                        DQ_ATOMIC,
-                        2,
-                        1,
-                        DV_FROM_SMEM,
-                        DK_FROM_SMEM,
-                    ),
-                ),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 0)),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 1)),
                 (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [NUM_WARPS, 1],

@@ -9,7 +9,10 @@ what was measured on the H200 in the same runs as tl (benchmarks/results/gluon-f
 gluon-bwd-*.json): the Gluon forward (K and V released apart, since 2d97471) ran at 1.05-1.16x
 tl's TFLOP/s at head dim 128 on documents of up to 4096 and 8192 tokens, but 0.85-0.90x on documents
 of 64-1024 tokens and 0.93-1.05x at head dim 64, so ``auto`` takes it at head dim 128 when the call
-states ``max_seqlen_q`` above 1024 (a host value: nothing is read from the device to decide); the
+states ``max_seqlen_q`` above 1024 (a host value: nothing is read from the device to decide). With
+its per-tile work order (88ed81f) the head-dim-64 forward ran at 1.02-1.13x tl on documents of up to
+8192 tokens and longer, but 0.96x on 256-4096 and 0.42x on 64-1024 (H100, attention-9028dd2-h100.json),
+so ``auto`` takes it at head dim 64 above 4096 (:data:`AUTO_FORWARD_MIN_SEQLEN`); the
 Gluon backward (two consumer partitions, dQ by TMA reduce-add) took 0.72x tl's time at head dim
 128 and 0.85x at 64 on 512-8192-token documents (gluon-bwd-stats-smem-df281ed.json; 0.82x / 0.89x
 before, gluon-bwd-atomic-5263879.json) and about 0.9x on 256-4096 (before), but 1.16x at 128 and
@@ -36,17 +39,20 @@ supports_backward = gluon_backward.supports_backward
 backward = gluon_backward.backward
 
 
-AUTO_FORWARD_HEAD_DIMS = (128,)
-"""Head dims whose Gluon forward measured faster than tl's on long documents."""
+AUTO_FORWARD_MIN_SEQLEN = {128: 1024, 64: 4096}
+"""Head dim (``q`` and ``v`` alike) -> the stated ``max_seqlen_q`` above which ``auto`` takes the
+Gluon forward (module docstring); head dims not named stay on tl."""
 AUTO_MIN_SEQLEN = 1024
-"""``auto`` takes a Gluon kernel only when the call's ``max_seqlen_q`` is above this."""
+"""``auto`` takes the Gluon backward only when the call's ``max_seqlen_q`` is above this."""
 
 
 def auto_forward(call: ForwardCall) -> bool:
-    """Head dim 128 (``q`` and ``v``) and a stated ``max_seqlen_q`` above 1024 (module docstring)."""
+    """A stated ``max_seqlen_q`` above :data:`AUTO_FORWARD_MIN_SEQLEN` of the call's head dim, the
+    same for ``q`` and ``v`` (module docstring)."""
     longest = call.layout.max_seqlen_q
-    dims_ok = call.q.shape[2] in AUTO_FORWARD_HEAD_DIMS and call.v.shape[2] in AUTO_FORWARD_HEAD_DIMS
-    return dims_ok and longest is not None and longest > AUTO_MIN_SEQLEN
+    head_dim = call.q.shape[2]
+    threshold = AUTO_FORWARD_MIN_SEQLEN.get(head_dim) if call.v.shape[2] == head_dim else None
+    return threshold is not None and longest is not None and longest > threshold
 
 
 def auto_backward(call: BackwardCall) -> bool:
