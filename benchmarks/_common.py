@@ -238,8 +238,10 @@ def host_time_us(fn: Callable[[], object], *, calls: int = 500, warmup_calls: in
     """Wall-clock microseconds per call over ``calls`` back-to-back calls, one sync at the end.
 
     Meant for a problem so small that the host (Python, dispatch, launches) is the bottleneck.
-    ``device_us`` is the per-call time between CUDA events around the same loop: when it is
-    close to ``wall_us`` the device, not the host, bounded the loop.
+    ``device_us`` is the per-call time between CUDA events around the same loop. ``issue_us`` is
+    the host's time per call to issue the loop, before the final sync: close to ``wall_us`` when
+    the host bounded the loop, well below it when the device did (the launch queue absorbs the
+    calls and the sync waits for the device to drain it).
     """
     for _ in range(warmup_calls):
         fn()
@@ -252,11 +254,12 @@ def host_time_us(fn: Callable[[], object], *, calls: int = 500, warmup_calls: in
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
+    issued = time.perf_counter()
     if cuda:
         end.record()
         torch.cuda.synchronize()
     wall_us = (time.perf_counter() - t0) * 1e6 / calls
-    result = {"wall_us": wall_us, "calls": calls}
+    result = {"wall_us": wall_us, "issue_us": (issued - t0) * 1e6 / calls, "calls": calls}
     if cuda:
         result["device_us"] = start.elapsed_time(end) * 1e3 / calls
     return result

@@ -200,8 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config": {**vars(args), "dtype": str(dtype)},
         "timing_definition": (
             "per-call us: wall_us = perf_counter over `calls` calls issued back to back, one sync at the "
-            "end; device_us = CUDA events around the same loop; median over `rounds` rounds, providers "
-            "taking turns"
+            "end; issue_us = the same clock up to the end of the loop, before that sync (close to wall_us "
+            "when the host bounded the loop); device_us = CUDA events around the same loop; median over "
+            "`rounds` rounds, providers taking turns"
         ),
         "goal": f"thd wall_us <= {GOAL} x varlen_attn wall_us, fwd and fwd_bwd",
         "records": records,
@@ -209,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     write_json(args.out, payload)
     for r in records:
-        us = f"{r['wall_us']:8.1f} us" if r.get("status") == "ok" else r.get("status")
+        ok = r.get("status") == "ok"
+        us = f"{r['wall_us']:8.1f} us (issue {r['issue_us']:.1f} us)" if ok else r.get("status")
         print(f"host time {r['provider']:<12} {r['mode']:<8} {us}", file=sys.stderr)
     for row in payload["ratios"]:
         print(f"thd/{row['peer']} {row['mode']}: {row['thd/peer wall']:.2f}", file=sys.stderr)
