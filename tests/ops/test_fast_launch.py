@@ -722,6 +722,46 @@ def _check_fast_path_bits(monkeypatch: pytest.MonkeyPatch, launchers: list[Kerne
             assert torch.equal(got, want)
 
 
+def _launched_kernels() -> dict[str, Any]:
+    """Every kernel thd launches through :func:`thd._runtime.launcher.launcher_for` or
+    ``launch.LAUNCHERS``, by name (the tl attention kernels, the Gluon family's, the other ops')."""
+    from thd.ops.attention import launch
+    from thd.ops.lse_merge.kernels import _lse_merge_fwd_kernel
+    from thd.ops.ring_plan.kernels import _ring_plan_kernel
+    from thd.ops.zero_padding.kernels import _zero_padding_fwd_kernel
+
+    kernels = {name: launcher.fn for name, launcher in launch.LAUNCHERS.items()}
+    kernels.update(
+        lse_merge=_lse_merge_fwd_kernel, ring_plan=_ring_plan_kernel, zero_padding=_zero_padding_fwd_kernel
+    )
+    try:
+        from thd.ops.attention.gluon import backward_kernel, forward_kernel, schedule
+    except ImportError:  # a Triton without Gluon's Hopper surface: no Gluon kernels to launch
+        return kernels
+    kernels.update(
+        build_work_list=schedule.build_work_list,
+        gluon_forward=forward_kernel.attention_fwd_kernel,
+        gluon_preprocess=backward_kernel._preprocess_kernel,
+        gluon_dkdv=backward_kernel._dkdv_kernel,
+        gluon_dq=backward_kernel._dq_kernel,
+    )
+    return kernels
+
+
+def test_every_launched_kernel_takes_its_plain_parameters_first() -> None:
+    """The cached path passes a launch's plain (non-constexpr) arguments positionally, so it takes
+    only kernels whose plain parameters all come before their constexprs; a kernel with one after
+    them runs every launch through Triton's slower normal path, as the Gluon forward did with its
+    ``prof_ptr`` from 8321f57 to 07562c0 (fast=0 on the GPU)."""
+    for name, kernel in _launched_kernels().items():
+        fn = kernel if hasattr(kernel, "params") else triton_jit.JITFunction(kernel.fn)  # interpreted
+        flags = [param.is_constexpr for param in fn.params]
+        plain = flags.count(False)
+        assert not any(flags[:plain]), f"{name}: a constexpr among its first {plain} parameters"
+        late = [param.name for param in fn.params[plain:] if not param.is_constexpr]
+        assert not late, f"{name}: plain parameters after its constexprs: {late}"
+
+
 @pytest.mark.gpu
 def test_gpu_attention_through_fast_path_matches_normal_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """thd.attention forward and backward: the same bits with cached launches as without."""

@@ -204,11 +204,13 @@ def test_wait_profile_launch_differs_from_the_plain_launch_only_in_the_profile(
     monkeypatch.setattr(gluon_forward, "WAIT_PROFILE", buffer)
     gluon_forward.forward(call)
     (grid, args, plain), (grid_p, args_p, profiled) = recorded.calls
-    assert plain["PROFILE"] is False and plain["prof_ptr"] is None
-    assert profiled["PROFILE"] is True and profiled["prof_ptr"] is buffer
+    assert plain["PROFILE"] is False and args[-1] is None  # prof_ptr, the last plain parameter
+    assert profiled["PROFILE"] is True and args_p[-1] is buffer
     assert profiled["PRODUCER_REGS"] == max(plain["PRODUCER_REGS"], 32)
     assert grid_p == grid and len(args_p) == len(args)
-    same = {key for key in plain if key not in {"PROFILE", "prof_ptr", "PRODUCER_REGS"}}
+    scalars = [(a, b) for a, b in zip(args_p[:-1], args[:-1], strict=True) if not isinstance(a, torch.Tensor)]
+    assert all(a == b for a, b in scalars) and scalars  # the plain launch's sizes, strides and options
+    same = {key for key in plain if key not in {"PROFILE", "PRODUCER_REGS"}}
     assert all(profiled[key] == plain[key] for key in same)
 
 

@@ -217,6 +217,7 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         max(options.window_right, 0),
         head_section(num_heads // pack, tile),
         int(serpentine),
+        None,  # prof_ptr: positional like every plain parameter, so the cached launcher takes the launch
     )
     keywords = {
         "GROUP": num_heads // k.shape[1],
@@ -239,7 +240,6 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         "num_warps": tile.num_warps,
         "PACK": pack,
         "DYNAMIC": dynamic,
-        "prof_ptr": None,
         "PROFILE": False,
         "maxnreg": tile.maxnreg,
     }
@@ -301,9 +301,9 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     head = (q, k, v, out, lse, q if sinks is None else sinks, *layout_args, seq, blk, count)
     if WAIT_PROFILE is not None:  # the wait profile (benchmarks/device/profile_gluon_waits.py)
         launch = plan.attention
-        keywords = {**launch.keywords, "prof_ptr": WAIT_PROFILE, "PROFILE": True}
+        keywords = {**launch.keywords, "PROFILE": True}
         keywords["PRODUCER_REGS"] = max(keywords["PRODUCER_REGS"], 32)
-        attention_fwd_kernel[launch.grid](*head, *launch.tail, **keywords)
+        attention_fwd_kernel[launch.grid](*head, *launch.tail[:-1], WAIT_PROFILE, **keywords)
         return out, lse
     plan.attention.run(attention_fwd_kernel, head, reused)
     return out, lse

@@ -655,13 +655,12 @@ def attention_fwd_kernel(
     cu_q_ptr, cu_k_ptr, cup_q_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, seq_ptr, blk_ptr, count_ptr,
     num_seqs, num_heads, rows_q, rows_k,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lse_h,
-    sm_scale, softcap, window_left, window_right, head_section, serpentine,
+    sm_scale, softcap, window_left, window_right, head_section, serpentine, prof_ptr,
     GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, HAS_POSITIONS: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SINKS: gl.constexpr,
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    SLOTS: gl.constexpr, PACK: gl.constexpr, DYNAMIC: gl.constexpr, prof_ptr=None,
-    PROFILE: gl.constexpr = False,
+    SLOTS: gl.constexpr, PACK: gl.constexpr, DYNAMIC: gl.constexpr, PROFILE: gl.constexpr = False,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
     list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads), or with
