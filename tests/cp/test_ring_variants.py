@@ -662,7 +662,10 @@ _THREAD_GPU_CASES.append(pytest.param(4, _GPU_VARIANTS[0], id=f"cp4-{_variant_id
 def test_ring_as_threads_on_one_gpu(cp: int, variant) -> None:  # type: ignore[no-untyped-def]
     """Realistic sizes in bf16 through the compiled kernels, every rank on one GPU (the NCCL test
     below needs two): windows shorter than a chunk of the long document (pairs skipped), a
-    softcap, sinks, and a window covering everything."""
+    softcap, sinks, and a window covering everything. On a cold Triton cache the first run of a
+    variant compiles its kernels while holding the ranks' lock (the other rank waits for its
+    message): on the GPU machine's host that took past 60 s, which an earlier per-test limit of
+    120 s read as a hang (rank 1 in Triton's ``make_llir``, rank 0 waiting; warm: 5 s)."""
     seed = 600 + cp
     for case in cases(cp, scale=64):
         counts = _check_threads(case, cp, variant, torch.bfloat16, seed, "cuda", (8, 2, 128, 128))
