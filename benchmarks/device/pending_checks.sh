@@ -6,7 +6,8 @@
 # the "ring hang" (Triton compiling on a cold cache past the 120 s per-test limit) and of the
 # fast-launch failure (fixed in e042ed5, not yet run on a GPU).
 #   device: bash benchmarks/device/pending_checks.sh 1   (then ... 2, ... 3)
-# Call 1: the fast-launch GPU tests on the fix, host time (bench_host.py), the Gluon forward's wait
+# Call 1: the fast-launch GPU tests on the fix, host time (bench_host.py; the ring against the single
+#   call with profile_host.py --launcher real on one GPU), the Gluon forward's wait
 #   profile on the merged order, then the prefer-gluon attention files (cut at 330 s last time
 #   with 20 passed and none failed).
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
@@ -35,6 +36,11 @@ case "${1:?usage: pending_checks.sh 1|2|3}" in
   echo "== host time $(date +%T)"
   PYTHONPATH=src:. timeout 90 python3 benchmarks/bench_host.py --providers thd varlen_attn \
     --out "$OUT/host-time.json" 2>&1 | grep -v Warn | tail -6
+  echo "== ring host time against the single call, one GPU, real launches (issue 22: <= 2x) $(date +%T)"
+  for ring in 0 2; do
+    PYTHONPATH=src:. timeout 60 python3 benchmarks/profile_host.py --launcher real --modes fwd fwd_bwd --ring $ring \
+      --calls 300 --rounds 5 --top 0 --json "$OUT/host-real-ring$ring.json" 2>&1 | grep -v Warn | tail -2
+  done
   echo "== wait profile $(date +%T)"
   PYTHONPATH=src:. timeout 90 python3 benchmarks/device/profile_gluon_waits.py --out "$OUT/gluon-waits.json" \
     --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -5
