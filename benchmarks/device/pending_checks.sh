@@ -15,12 +15,15 @@
 #   fa4-wheels.sh's stage call first.
 # Then the branches of docs/gluon.md, one call each:
 #   here:   rm -rf .ab && for b in bwd-order bwd-dq-double bwd-order-dq-double fwd-q-ahead fwd-epilogue-smem \
-#             fwd-ahead-epilogue; do mkdir -p .ab/$b && git archive $b src tests | tar -x -C .ab/$b; done
+#             fwd-ahead-epilogue fwd-d64-plain; do mkdir -p .ab/$b && git archive $b src tests | tar -x -C .ab/$b; done
 #   device: carry [".ab"], command: bash benchmarks/device/ab_gluon_backward.sh \
 #           .ab/bwd-order/src,.ab/bwd-dq-double/src,.ab/bwd-order-dq-double/src 2
 #   device: carry [".ab"], command: AB_TEST_K="matches_reference or q_ahead or work_orders or accumulate" \
 #           bash benchmarks/device/ab_gluon_forward.sh .ab/fwd-q-ahead/src,.ab/fwd-epilogue-smem/src,.ab/fwd-ahead-epilogue/src 2
 #   (bwd-order-dq-double and fwd-ahead-epilogue: the two changes of each family together)
+#   device: carry [".ab"] (with fwd-d64-plain archived too), command: AB_ROWS="64,16384:64-1024 64,16384:256-4096 \
+#           64,32768:512-8192" AB_TEST_K=matches_reference bash benchmarks/device/ab_gluon_forward.sh .ab/fwd-d64-plain/src 2
+#   (the head-dim-64 forward on short documents: 87 TFLOP/s at 9028dd2, 130 at a5507b0)
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
