@@ -4,6 +4,12 @@
 
 ab_name_of() { basename "$(dirname "$1")"; }  # .ab/kfirst/src -> kfirst; .ab/src -> .ab
 
+# ab_has_time NEEDED: true while at least NEEDED seconds are left of AB_BUDGET_S (default 560) counted
+# from when this file was sourced; the timing rounds stop starting processes past it, so the summary
+# and the tarball still come back inside one device call.
+AB_T0=$(date +%s)
+ab_has_time() { [ $((${AB_BUDGET_S:-560} - ($(date +%s) - AB_T0))) -ge "$1" ]; }
+
 # ab_test_trees TEST_FILE PER_TEST_TIMEOUT TREE...: runs each exp tree's own copy of TEST_FILE (its
 # tests/ when archived with it, else this checkout's), narrowed by AB_TEST_K / AB_TEST_ARGS;
 # AB_TEST_ONLY_FIRST=1 tests the first tree only. Sets AB_PASSED to the trees whose tests passed; a

@@ -7,6 +7,7 @@
 # Each round times the thd-gluon provider (the Gluon forward and backward) forward+backward
 # with bench_attention.py on AB_LAYOUTS at AB_HEAD_DIMS; prints each row's median TFLOP/s per mode and
 # tree and exp/base (the forward is the same kernel in every tree unless the exp changes it).
+# AB_BUDGET_S (default 560): no timing process starts with less than AB_ROUND_S (default 90) left.
 # AB_TEST_K narrows exp's tests (pytest -k); AB_TEST_ONLY_FIRST=1 tests the first exp only. The run
 # JSONs end up in $OUT/ab-bwd-runs.tgz. An exp whose tests fail or hang is left out of the timing
 # (benchmarks/device/_ab_common.sh).
@@ -22,6 +23,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 ab_test_trees tests/ops/gluon/test_backward_gpu.py 200 "${TREES[@]}" || exit 1
 for i in $(seq "$ROUNDS"); do
   for src in src "${AB_PASSED[@]}"; do
+    ab_has_time "${AB_ROUND_S:-90}" || { echo "AB_BUDGET_S reached: round $i stops before $src"; break 2; }
     name=base; [ "$src" = src ] || name=$(ab_name_of "$src")
     # shellcheck disable=SC2086  # LAYOUTS and HEAD_DIMS are lists
     PYTHONPATH=$src:. timeout 200 python3 benchmarks/bench_attention.py \

@@ -6,6 +6,7 @@
 #           (.ab/ in .git/info/exclude; one folder per experiment)
 #   device: carry [".ab"], command: bash benchmarks/device/ab_gluon_forward.sh .ab/<name>/src[,.ab/<other>/src] [rounds]
 # Prints each row's median TFLOP/s per tree and exp/base; the JSONs land in $OUT/ab-<tree>-<round>.json.
+# AB_BUDGET_S (default 560): no timing process starts with less than AB_ROUND_S (default 60) left.
 # AB_TEST_K: a pytest -k expression narrowing exp's tests (e.g. "matches_reference or head_sections");
 # AB_TEST_ARGS: more pytest arguments (split on spaces); AB_ROWS: the rows. The run JSONs end up in
 # $OUT/ab-runs.tgz (one file: the device returns a limited number of files). AB_TEST_ONLY_FIRST=1:
@@ -22,6 +23,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 ab_test_trees tests/ops/gluon/test_forward_gpu.py 120 "${TREES[@]}" || exit 1
 for i in $(seq "$ROUNDS"); do
   for src in src "${AB_PASSED[@]}"; do
+    ab_has_time "${AB_ROUND_S:-60}" || { echo "AB_BUDGET_S reached: round $i stops before $src"; break 2; }
     name=base; [ "$src" = src ] || name=$(ab_name_of "$src")
     # shellcheck disable=SC2086  # ROWS is a list
     PYTHONPATH=$src:. timeout 150 python3 benchmarks/bench_gluon.py --out "$OUT/ab-$name-$i.json" --commit "$name" \
