@@ -10,6 +10,11 @@ causal, ``max_seqlen_*`` given) on CPU tensors, forced onto the ``tl`` kernel fa
   place of the compiled kernel's launcher: the first launch of a key records a no-op entry where
   the GPU would record the compiled kernel. It needs a Triton the launcher reviewed (3.6 / 3.9).
 - ``stub``: ``KernelLauncher.run`` itself is a no-op (what is left is thd's work above the launcher).
+- ``real``: nothing is stubbed. On a GPU the tensors live there and every kernel runs (each timed
+  loop ends with a sync): the GPU machine's own host time, and with ``--ring`` the ring's against
+  the single call's on one GPU (issue 22's ring goal) where no second GPU is lent. On CPU it needs
+  ``TRITON_INTERPRET=1`` (the kernels interpreted: a smoke test, not a timing). Launches are not
+  counted.
 
 ``--family gluon`` takes the Gluon kernels' host path instead (``THD_KERNELS=gluon``): CPU tensors
 pass for an sm_90 device of 132 SMs (the wrappers' device checks are replaced), which needs a
@@ -70,6 +75,9 @@ def stubbed_launches(mode: str) -> Iterator[None]:
     cls = launcher_mod.KernelLauncher
     names = ("run", "run_fixed", "_normal", "_remember")  # run_fixed: not in every version measured
     saved = {name: cls.__dict__[name] for name in names if name in cls.__dict__}
+    if mode == "real":
+        yield
+        return
     if mode == "stub":
 
         def run(self: Any, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
@@ -108,11 +116,15 @@ def stubbed_launches(mode: str) -> Iterator[None]:
         launcher_mod.reload_settings()
 
 
-def problem(heads: int, head_dim: int, docs: int, length: int, dtype: torch.dtype) -> SimpleNamespace:
+def problem(
+    heads: int, head_dim: int, docs: int, length: int, dtype: torch.dtype, device: str = "cpu"
+) -> SimpleNamespace:
     gen = torch.Generator().manual_seed(0)
     rows = docs * length
-    q, k, v, do = (torch.randn(rows, heads, head_dim, dtype=dtype, generator=gen) for _ in range(4))
-    cu = torch.arange(0, rows + 1, length, dtype=torch.int32)
+    q, k, v, do = (
+        torch.randn(rows, heads, head_dim, dtype=dtype, generator=gen).to(device) for _ in range(4)
+    )
+    cu = torch.arange(0, rows + 1, length, dtype=torch.int32, device=device)
     return SimpleNamespace(q=q, k=k, v=v, do=do, cu=cu, max_len=length)
 
 
@@ -182,10 +194,15 @@ def plan_counts(family: str) -> tuple[int, int]:
     return launch.plan_counts()
 
 
-def time_loop(fn: Callable[[], object], calls: int) -> float:
+def time_loop(fn: Callable[[], object], calls: int, cuda: bool = False) -> float:
+    """Wall µs per call over ``calls`` back-to-back calls (``cuda``: synced before and after)."""
+    if cuda:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
+    if cuda:
+        torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e6 / calls
 
 
@@ -213,12 +230,14 @@ def profile_rows(fn: Callable[[], object], calls: int, top: int) -> list[dict[st
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    p = problem(args.heads, args.head_dim, 2, 64, torch.bfloat16)
+    cuda = args.launcher == "real" and torch.cuda.is_available()
+    dtype = torch.bfloat16 if cuda or args.launcher != "real" else torch.float32  # the interpreter: fp32
+    p = problem(args.heads, args.head_dim, 2, 64, dtype, "cuda" if cuda else "cpu")
     results: dict[str, Any] = {}
     with stubbed_launches(args.launcher), ExitStack() as stack:
         if args.ring:
             stack.enter_context(alone_in_ring(args.ring))
-        if args.family == "gluon":
+        if args.family == "gluon" and args.launcher != "real":
             stack.enter_context(as_gluon_device())
         fns = {mode: call_fn(p, mode, args.offsets == "fresh", args.ring) for mode in args.modes}
         for mode, fn in fns.items():
@@ -235,7 +254,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             }
         for _ in range(args.rounds):  # the modes take turns
             for mode, fn in fns.items():
-                results[mode]["rounds_us"].append(time_loop(fn, args.calls))
+                results[mode]["rounds_us"].append(time_loop(fn, args.calls, cuda))
         for mode, fn in fns.items():
             results[mode]["us_per_call"] = statistics.median(results[mode]["rounds_us"])
             if args.top:
@@ -251,7 +270,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--launcher", default="fast", choices=("fast", "stub"))
+    parser.add_argument("--launcher", default="fast", choices=("fast", "stub", "real"))
     parser.add_argument(
         "--family", default="tl", choices=("tl", "gluon"), help="the kernel family whose host path runs"
     )
@@ -277,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if os.environ.get("TRITON_INTERPRET") == "1" and args.launcher != "real":
         raise SystemExit("profile_host: unset TRITON_INTERPRET (the launches are stubbed, not interpreted)")
     os.environ.update(ENV, THD_KERNELS=args.family)
     results = measure(args)

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,23 @@ def test_profile_host_fresh_offsets_make_no_plans(
     assert results["fwd"]["launches_per_call"]["_attention_fwd_kernel"] == max(1, int(ring))
     for mode in ("fwd", "fwd_bwd"):
         assert results[mode]["plans_made_per_call"] == [0, 0], mode
+
+
+@pytest.mark.parametrize("ring", ["0", "2"])
+def test_profile_host_real_launches_run_the_kernels(ring: str, tmp_path: Path) -> None:
+    """``--launcher real`` stubs nothing (on CPU the interpreter runs the kernels), single-device and
+    as one rank of a 2-rank ring: the calls complete and are timed on the tl family. In a process
+    of its own: thd reads ``TRITON_INTERPRET`` once per process, and other tests here unset it."""
+    out = tmp_path / "host.json"
+    argv = ["--launcher", "real", "--calls", "1", "--rounds", "1", "--top", "0", "--modes", "fwd"]
+    argv += ["--ring", ring, "--heads", "2", "--head-dim", "16", "--json", str(out)]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "THD_ATTENTION_BACKEND": "triton", "THD_KERNELS": "tl"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    script = str(ROOT / "benchmarks" / "profile_host.py")
+    proc = subprocess.run(
+        [sys.executable, script, *argv], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())["results"]["fwd"]
+    assert result["families"] == {"forward": "tl"} and result["us_per_call"] > 0
+    assert result["launches_per_call"] == {}  # nothing stubbed, nothing counted

@@ -7,7 +7,6 @@ same values, another request or CUDA-graph capture must each build anew.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import fields
 
 import pytest
@@ -20,17 +19,10 @@ from thd._runtime import config
 from thd.cp import plan_cache, ring_attention
 from thd.cp.plan import PlanRequest, RingPlan, build_plan
 from thd.cp.plan_cache import CAPACITY, clear_plan_cache, plan_cache_counts, plan_for
-from thd.cp.prepare import clear_prepared_calls, prepare_counts
+from thd.cp.prepare import prepare_counts
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
 
-
-@pytest.fixture(autouse=True)
-def _empty_cache() -> Iterator[None]:
-    clear_plan_cache()
-    clear_prepared_calls()
-    yield
-    clear_plan_cache()
-    clear_prepared_calls()
+pytestmark = pytest.mark.usefixtures("fresh_ring_caches")
 
 
 def _request(cu: Tensor, cup: Tensor, rank: int = 0, window: tuple[int, int] = (-1, -1)) -> PlanRequest:

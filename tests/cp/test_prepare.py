@@ -9,8 +9,6 @@ may read device memory (whose checks gather over the group) never touches the ca
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from torch import Tensor
@@ -24,13 +22,7 @@ from thd.ops.attention.params import VarlenLayout
 COMM = SelfComm(2, 0)
 
 
-@pytest.fixture(autouse=True)
-def _empty_caches() -> Iterator[None]:
-    clear_prepared_calls()
-    clear_plan_cache()
-    yield
-    clear_prepared_calls()
-    clear_plan_cache()
+pytestmark = pytest.mark.usefixtures("fresh_ring_caches")
 
 
 def _shards(rows: int = 8, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:

@@ -153,6 +153,8 @@ CONFIGS: dict[str, Config] = {
     "d256-dv128-gqa": _forward(256, 128, BLOCK_N=32, GROUP=4, HAS_RIGHT=False, SLOTS=False),
     "d128-gqa-pack": _forward(GROUP=2, PACK=2, PRODUCER_REGS=32),  # as the host launches it
     "d128-static": _forward(DYNAMIC=False),
+    "d128-accumulate": _forward(ACCUMULATE=True),
+    "d128-softcap-sinks-window": _forward(SOFTCAP=True, HAS_SINKS=True, HAS_LEFT=True, FOLD_SCALE=False),
     "d128-gqa-pack-variants": _forward(
         GROUP=4,
         PACK=2,

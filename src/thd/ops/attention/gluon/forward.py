@@ -303,7 +303,8 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
         launch = plan.attention
         keywords = {**launch.keywords, "PROFILE": True}
         keywords["PRODUCER_REGS"] = max(keywords["PRODUCER_REGS"], 32)
-        attention_fwd_kernel[launch.grid](*head, *launch.tail[:-1], WAIT_PROFILE, **keywords)
+        tail = (*launch.tail[:-1], WAIT_PROFILE)  # the tail ends with prof_ptr (_make_plan)
+        attention_fwd_kernel[launch.grid](*head, *tail, **keywords)
         return out, lse
     plan.attention.run(attention_fwd_kernel, head, reused)
     return out, lse

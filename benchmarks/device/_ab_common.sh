@@ -1,0 +1,56 @@
+# Shared by ab_gluon_forward.sh and ab_gluon_backward.sh (sourced, not run): the exp trees' own GPU
+# tests, the summary of the alternating timing rounds, and one tarball of the run files.
+# shellcheck shell=bash
+
+ab_name_of() { basename "$(dirname "$1")"; }  # .ab/kfirst/src -> kfirst; .ab/src -> .ab
+
+# ab_test_trees TEST_FILE PER_TEST_TIMEOUT TREE...: runs each exp tree's own copy of TEST_FILE (its
+# tests/ when archived with it, else this checkout's), narrowed by AB_TEST_K / AB_TEST_ARGS;
+# AB_TEST_ONLY_FIRST=1 tests the first tree only. Sets AB_PASSED to the trees whose tests passed; a
+# tree whose tests fail or hang (cut by `timeout`: the call's own limit would take the whole lease)
+# is left out.
+ab_test_trees() {
+  local file=$1 per_test=$2 tree own
+  shift 2
+  AB_PASSED=()
+  for tree in "$@"; do
+    if [ "${AB_TEST_ONLY_FIRST:-0}" = 1 ] && [ ${#AB_PASSED[@]} -gt 0 ]; then AB_PASSED+=("$tree"); continue; fi
+    own="$(dirname "$tree")/$file"; [ -f "$own" ] || own=$file
+    echo "== $(ab_name_of "$tree"): $file $(date +%T)"
+    # shellcheck disable=SC2086  # AB_TEST_ARGS is a list of arguments
+    if PYTHONPATH=$tree:. timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider --timeout "$per_test" \
+        "$own" ${AB_TEST_K:+-k "$AB_TEST_K"} ${AB_TEST_ARGS:-} 2>&1 | tail -3; then
+      AB_PASSED+=("$tree")
+    else
+      echo "$(ab_name_of "$tree"): tests failed or hung, left out"
+    fi
+  done
+  [ ${#AB_PASSED[@]} -gt 0 ]
+}
+
+# ab_summarize OUT PROVIDER: per row (head dim, tokens, mix, slots, mode), the median TFLOP/s of
+# PROVIDER's records in OUT/ab-<tree>-<round>.json per tree, and exp/base.
+ab_summarize() {
+  python3 - "$1" "$2" <<'PY'
+import collections, glob, json, os, statistics, sys
+out, provider = sys.argv[1:3]
+rows = collections.defaultdict(lambda: collections.defaultdict(list))  # tree -> row -> TFLOP/s
+for path in glob.glob(f"{out}/ab-*-*.json"):
+    tree = os.path.basename(path)[3:].rsplit("-", 1)[0]
+    for r in json.load(open(path))["records"]:
+        if r.get("provider") == provider and r.get("status") == "ok" and "tflops" in r:
+            s = r["shape"]
+            key = (s["head_dim"], s["tokens"], s["mix"], s.get("slot_multiple", 1), r.get("mode", "fwd"))
+            rows[tree][key].append(r["tflops"])
+base = rows.pop("base", {})
+for key in sorted(base):
+    b = statistics.median(base[key])
+    cells = [f"{t} {statistics.median(v[key]):.1f} ({statistics.median(v[key]) / b:.3f})" for t, v in sorted(rows.items()) if key in v]
+    print(f"D{key[0]} {key[1]} {key[2]} slots{key[3]} {key[4]}: base {b:.1f} | " + " | ".join(cells))
+PY
+}
+
+# ab_pack OUT TARBALL: the run files into one tarball (the device returns a limited number of files).
+ab_pack() {
+  tar -czf "$1/$2" -C "$1" $(cd "$1" && ls ab-*-*.json) && (cd "$1" && rm -f ab-*-*.json)
+}
