@@ -472,6 +472,12 @@ def _consumer(
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    # The output through shared memory (this warpgroup's rows of the item's Q buffer, free once its
+    # last product is done) into rows of 16-byte stores, where it fits there: Dv == D, and out in
+    # Q's dtype (the ring's fp32 accumulation is not); else stored from the accumulator's layout.
+    STAGE_OUT: gl.constexpr = (q_smem.shape[2] == HEAD_DIM_V) and (out_ptr.dtype.element_ty == dtype)
+    ROW_THREADS: gl.constexpr = HEAD_DIM_V // 8  # 8 elements (16 bytes) per thread and store
+    out_rows: gl.constexpr = gl.BlockedLayout([1, 8], [32 // ROW_THREADS, ROW_THREADS], [W, 1], [1, 0])
     it = 0
     t = 0
     k = 0
@@ -614,7 +620,8 @@ def _consumer(
                 c_pv += (_tick(k) - g3).to(gl.int32)
             _release(v_empty.index(s_idx))
             it += 1
-        _release(q_bars.index(2 + qi))
+        if not STAGE_OUT:
+            _release(q_bars.index(2 + qi))
         t += 1
         if PROFILE:
             e4 = _tick(t)
@@ -625,7 +632,21 @@ def _consumer(
         l_safe = gl.where(has_keys, l_i, 1.0)
         out = acc / gl.expand_dims(gl.convert_layout(l_safe, row_o), 1)
         lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
-        gl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+        if STAGE_OUT:  # through this warpgroup's rows of the Q buffer, then rows of 16-byte stores
+            cta_barrier()  # every warp's products are done with Q
+            q_buf.store(out.to(dtype))
+            cta_barrier()
+            staged = q_buf.load(out_rows)
+            _release(q_bars.index(2 + qi))
+            rows_w = m_block * TILE_M + FIRST_ROW + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out_rows))
+            cols_w = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, out_rows))
+            gl.store(
+                out_base + gl.expand_dims(rows_w.to(gl.int64) * stride_ot, 1) + gl.expand_dims(cols_w, 0),
+                staged,
+                mask=gl.expand_dims(rows_w < seqlen_q, 1) & gl.expand_dims(cols_w < HEAD_DIM_V, 0),
+            )
+        else:
+            gl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
         gl.store(lse_base + rows, lse, mask=rows < seqlen_q)
         if PROFILE:
             c_end += (_tick(t) - e4).to(gl.int32)
