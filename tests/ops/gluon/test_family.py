@@ -43,9 +43,10 @@ def test_auto_preference_follows_the_measurements() -> None:
         assert not family.auto_backward(_calls(dim, max_seqlen=None)[1])
     assert family.AUTO_BACKWARD_HEAD_DIMS == (64, 128)
     assert not family.auto_backward(_calls(32, max_seqlen=8192)[1])
-    # the forward: a stated max_seqlen_q above 1024 tokens at head dim 128, above 4096 at 64
-    assert family.auto_forward(_calls(128, max_seqlen=1025)[0])
-    assert not family.auto_forward(_calls(128, max_seqlen=1024)[0])
+    # the forward: a stated max_seqlen_q above 512 tokens at head dim 128, above 4096 at 64
+    assert family.auto_forward(_calls(128, max_seqlen=513)[0])
+    assert family.auto_forward(_calls(128, max_seqlen=1004)[0])  # the measured 64-1024 row's longest
+    assert not family.auto_forward(_calls(128, max_seqlen=512)[0])
     assert not family.auto_forward(_calls(128, max_seqlen=None)[0])  # unknown: never read back
     assert family.auto_forward(_calls(64, max_seqlen=4097)[0])
     assert not family.auto_forward(_calls(64, max_seqlen=4096)[0])

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.gpu
 
 LAYOUT = make_layout("slots", [300, 1, 128, 77, 517], pad_q=[84, 127, 0, 51, 123], capacity_q=5)
 LONG = make_layout("long", [1500, 40, 700], pad_q=[12, 0, 3], capacity_q=7)  # max_seqlen above 1024
+SHORT = make_layout("short", [300, 1, 128, 77, 500], pad_q=[84, 127, 0, 51, 12], capacity_q=5)  # at most 512
 TOL = {torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
 
@@ -65,9 +66,13 @@ def test_gluon_family_through_thd_attention(
 
 @pytest.mark.parametrize("dim", [64, 128])
 def test_auto_picks_the_measured_faster_family(monkeypatch: pytest.MonkeyPatch, dim: int) -> None:
-    *_, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False)
+    *_, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False, SHORT)
     assert forward.family == "tl" and forward.reason == "gluon measured slower for the call"
-    assert backward.family == "tl"  # documents of at most 1024 tokens
+    assert backward.family == "tl"  # documents of at most 512 tokens
+    # LAYOUT's longest query is 517 tokens: the Gluon forward at head dim 128 (above 512), tl's backward
+    *_, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False)
+    assert forward.family == ("gluon" if dim == 128 else "tl")
+    assert backward.family == "tl"
     # documents above 1024 tokens (a stated max_seqlen_q): the Gluon forward at head dim 128, the
     # Gluon backward at 64 and 128
     *auto, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False, LONG)

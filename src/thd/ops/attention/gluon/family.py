@@ -8,8 +8,11 @@ their ``supports_*`` are :mod:`~thd.ops.attention.gluon.forward`'s and
 what was measured on the H200 in the same runs as tl (benchmarks/results/gluon-fwd-*.json,
 gluon-bwd-*.json): the Gluon forward (K and V released apart, since 2d97471) ran at 1.05-1.16x
 tl's TFLOP/s at head dim 128 on documents of up to 4096 and 8192 tokens, but 0.85-0.90x on documents
-of 64-1024 tokens and 0.93-1.05x at head dim 64, so ``auto`` takes it at head dim 128 when the call
-states ``max_seqlen_q`` above 1024 (a host value: nothing is read from the device to decide). With
+of 64-1024 tokens and 0.93-1.05x at head dim 64, so ``auto`` took it at head dim 128 when the call
+stated ``max_seqlen_q`` above 1024 (a host value: nothing is read from the device to decide). With
+its output staged through shared memory (cdab947) it ran at 1.08x tl on 64-1024-token documents
+(longest 1004; 256 against 238 TFLOP/s, H100, attention-cdab947-h100.json), so ``auto`` now takes
+it at head dim 128 above a stated 512 (nothing shorter was measured). With
 its per-tile work order (88ed81f) the head-dim-64 forward ran at 1.02-1.13x tl on documents of up to
 8192 tokens and longer, but 0.96x on 256-4096 and 0.42x on 64-1024 (H100, attention-9028dd2-h100.json),
 so ``auto`` takes it at head dim 64 above 4096 (:data:`AUTO_FORWARD_MIN_SEQLEN`); the
@@ -39,7 +42,7 @@ supports_backward = gluon_backward.supports_backward
 backward = gluon_backward.backward
 
 
-AUTO_FORWARD_MIN_SEQLEN = {128: 1024, 64: 4096}
+AUTO_FORWARD_MIN_SEQLEN = {128: 512, 64: 4096}
 """Head dim (``q`` and ``v`` alike) -> the stated ``max_seqlen_q`` above which ``auto`` takes the
 Gluon forward (module docstring); head dims not named stay on tl."""
 AUTO_MIN_SEQLEN = 1024
