@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import thd
-from tests._helpers import assert_close, assert_rows_equal, make_layout, make_qkv
+from tests._helpers import Layout, assert_close, assert_rows_equal, make_layout, make_qkv
 from thd.ops.attention import kernel_choice
 from thd.ops.attention.gluon import family as gluon_family
 
@@ -64,26 +64,31 @@ def test_gluon_family_through_thd_attention(
         assert_close(g[real], t[real], f"gluon vs tl {name}", atol=TOL[dtype], rtol=TOL[dtype])
 
 
+def _assert_matches_tl(monkeypatch: pytest.MonkeyPatch, dim: int, layout: Layout, auto: list) -> None:
+    """``auto``'s out and gradients equal tl's on real rows (within bf16 tolerance), zeros elsewhere."""
+    *tl, _ = _step("tl", monkeypatch, dim, torch.bfloat16, False, layout)
+    sides = {"out": "q", "dq": "q", "dk": "kv", "dv": "kv"}
+    for (name, side), a, t in zip(sides.items(), auto, tl, strict=True):
+        real = layout.real_rows(side, "cuda")
+        assert_rows_equal(a, ~real, 0.0, f"auto {name} padding ({layout.name})")
+        tol = TOL[torch.bfloat16]
+        assert_close(a[real], t[real], f"auto vs tl {name} ({layout.name})", atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("dim", [64, 128])
 def test_auto_picks_the_measured_faster_family(monkeypatch: pytest.MonkeyPatch, dim: int) -> None:
     *_, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False, SHORT)
     assert forward.family == "tl" and forward.reason == "gluon measured slower for the call"
     assert backward.family == "tl"  # documents of at most 512 tokens
-    # LAYOUT's longest query is 517 tokens: the Gluon forward at head dim 128 (above 512), tl's backward
-    *_, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False)
+    # LAYOUT's longest query is 517 tokens: the Gluon forward at head dim 128 (above 512), then
+    # tl's backward on the Gluon forward's out and lse
+    *auto, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False)
     assert forward.family == ("gluon" if dim == 128 else "tl")
     assert backward.family == "tl"
+    _assert_matches_tl(monkeypatch, dim, LAYOUT, auto)
     # documents above 1024 tokens (a stated max_seqlen_q): the Gluon forward at head dim 128, the
     # Gluon backward at 64 and 128
     *auto, (forward, backward) = _step("auto", monkeypatch, dim, torch.bfloat16, False, LONG)
     assert forward.family == ("gluon" if dim == 128 else "tl")
     assert backward.family == ("gluon" if dim in gluon_family.AUTO_BACKWARD_HEAD_DIMS else "tl")
-    *tl, _ = _step("tl", monkeypatch, dim, torch.bfloat16, False, LONG)
-    for (name, side), a, t in zip(
-        {"out": "q", "dq": "q", "dk": "kv", "dv": "kv"}.items(), auto, tl, strict=True
-    ):
-        real = LONG.real_rows(side, "cuda")
-        assert_rows_equal(a, ~real, 0.0, f"auto {name} padding")
-        assert_close(
-            a[real], t[real], f"auto vs tl {name}", atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16]
-        )
+    _assert_matches_tl(monkeypatch, dim, LONG, auto)
