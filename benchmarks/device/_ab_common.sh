@@ -60,3 +60,17 @@ PY
 ab_pack() {
   tar -czf "$1/$2" -C "$1" $(cd "$1" && ls ab-*-*.json) && (cd "$1" && rm -f ab-*-*.json)
 }
+
+# ab_rounds ROUNDS ROUND_S: ROUNDS alternating rounds over this checkout's src/ (base) and the trees
+# in AB_PASSED, each process through the caller's `ab_bench SRC NAME ROUND`; no process starts with
+# less than ROUND_S seconds of AB_BUDGET_S left.
+ab_rounds() {
+  local rounds=$1 round_s=$2 i src name
+  for i in $(seq "$rounds"); do
+    for src in src "${AB_PASSED[@]}"; do
+      ab_has_time "$round_s" || { echo "AB_BUDGET_S reached: round $i stops before $src"; return 0; }
+      name=base; [ "$src" = src ] || name=$(ab_name_of "$src")
+      ab_bench "$src" "$name" "$i" || echo "$name round $i failed"
+    done
+  done
+}

@@ -21,15 +21,12 @@ HEAD_DIMS=${AB_HEAD_DIMS:-"128 64"}
 OUT=${OUT:-/tmp/ab}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader
 ab_test_trees tests/ops/gluon/test_backward_gpu.py 200 "${TREES[@]}" || exit 1
-for i in $(seq "$ROUNDS"); do
-  for src in src "${AB_PASSED[@]}"; do
-    ab_has_time "${AB_ROUND_S:-90}" || { echo "AB_BUDGET_S reached: round $i stops before $src"; break 2; }
-    name=base; [ "$src" = src ] || name=$(ab_name_of "$src")
-    # shellcheck disable=SC2086  # LAYOUTS and HEAD_DIMS are lists
-    PYTHONPATH=$src:. timeout 200 python3 benchmarks/bench_attention.py \
-      --out "$OUT/ab-$name-$i.json" --commit "$name" --providers thd-gluon --modes fwd fwd_bwd --layouts $LAYOUTS \
-      --head-dims $HEAD_DIMS --rep-ms 40 --trials 1 --budget-s 150 > /dev/null 2>&1 || echo "$name round $i failed"
-  done
-done
+ab_bench() {  # SRC NAME ROUND
+  # shellcheck disable=SC2086  # LAYOUTS and HEAD_DIMS are lists
+  PYTHONPATH=$1:. timeout 200 python3 benchmarks/bench_attention.py \
+    --out "$OUT/ab-$2-$3.json" --commit "$2" --providers thd-gluon --modes fwd fwd_bwd --layouts $LAYOUTS \
+    --head-dims $HEAD_DIMS --rep-ms 40 --trials 1 --budget-s 150 > /dev/null 2>&1
+}
+ab_rounds "$ROUNDS" "${AB_ROUND_S:-90}"
 ab_summarize "$OUT" thd-gluon
 ab_pack "$OUT" ab-bwd-runs.tgz

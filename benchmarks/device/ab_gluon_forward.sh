@@ -21,14 +21,11 @@ ROWS=${AB_ROWS:-"128,16384:256-4096 128,32768:512-8192 128,16384:64-1024 64,3276
 OUT=${OUT:-/tmp/ab}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader
 ab_test_trees tests/ops/gluon/test_forward_gpu.py 120 "${TREES[@]}" || exit 1
-for i in $(seq "$ROUNDS"); do
-  for src in src "${AB_PASSED[@]}"; do
-    ab_has_time "${AB_ROUND_S:-60}" || { echo "AB_BUDGET_S reached: round $i stops before $src"; break 2; }
-    name=base; [ "$src" = src ] || name=$(ab_name_of "$src")
-    # shellcheck disable=SC2086  # ROWS is a list
-    PYTHONPATH=$src:. timeout 150 python3 benchmarks/bench_gluon.py --out "$OUT/ab-$name-$i.json" --commit "$name" \
-      --rep-ms 40 --rows $ROWS > /dev/null 2>&1 || echo "$name round $i failed"
-  done
-done
+ab_bench() {  # SRC NAME ROUND
+  # shellcheck disable=SC2086  # ROWS is a list
+  PYTHONPATH=$1:. timeout 150 python3 benchmarks/bench_gluon.py --out "$OUT/ab-$2-$3.json" --commit "$2" \
+    --rep-ms 40 --rows $ROWS > /dev/null 2>&1
+}
+ab_rounds "$ROUNDS" "${AB_ROUND_S:-60}"
 ab_summarize "$OUT" gluon
 ab_pack "$OUT" ab-runs.tgz
