@@ -180,7 +180,9 @@ def _ring_forward(
             pending.wait()
             k, v = received
     assert acc is not None
-    out, lse = acc[0].to(q.dtype), acc[1]
+    out, lse = acc  # an fp32 running result is rounded to q.dtype once
+    if out.dtype != q.dtype:
+        out = out.to(q.dtype)
     _clean_padding(plan, out)
     return out, lse, k, v
 
@@ -257,9 +259,8 @@ def _ring_backward(
             dkv = (torch.zeros_like(k), torch.zeros_like(v)) if dkv_in is None else (dkv_in[0], dkv_in[1])
         elif dkv_in is None:
             dkv = (dk_i, dv_i)
-        else:
-            dkv_in[0].add_(dk_i)
-            dkv_in[1].add_(dv_i)
+        else:  # both partials in one call (one launch on the GPU)
+            torch._foreach_add_([dkv_in[0], dkv_in[1]], [dk_i, dv_i])
             dkv = (dkv_in[0], dkv_in[1])
         if kv_next is not None:
             k, v = kv_next
@@ -306,15 +307,18 @@ class RingAttentionFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k_last, v_last, out, lse, sinks)
         ctx.plan, ctx.comm, ctx.overlap = plan, comm, overlap  # type: ignore[attr-defined]
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zero gradient is made for lse (nor for an unused out)
         return out, lse
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: FunctionCtx, dout: Tensor, dlse: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: FunctionCtx, dout: Tensor | None, dlse: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         del dlse  # lse is auxiliary and carries no gradient
         plan: RingPlan = ctx.plan  # type: ignore[attr-defined]
-        dout = dout.contiguous()
         q, k, v, out, lse, sinks = ctx.saved_tensors  # type: ignore[attr-defined]
+        if dout is None:  # an undefined gradient of out: zeros, as autograd would have made them
+            dout = torch.zeros_like(out, memory_format=torch.contiguous_format)
+        dout = dout.contiguous()
         if plan.cp_size == 1:
             (single,) = plan.steps[0]
             dq, dk, dv, dsinks = launch_backward(
