@@ -1,11 +1,12 @@
 """Compile the Gluon kernels (forward and backward) for sm_90 without a GPU and print what their PTX holds.
 
-``python tests/ops/gluon/_compile_sm90.py [--ptxas] [config ...]`` (none: all) from the repository root,
+``python tests/ops/gluon/_compile_sm90.py [--ptxas] [config ...]`` (none: all) from the
+repository root (a config: a name of :data:`CONFIGS` or a backward tile as :func:`config_for` reads it),
 with the Triton to check (3.6 or 3.9) and ``TRITON_INTERPRET`` unset. Needs no torch: the ``thd``
 packages above ``thd.ops.attention.gluon`` are stood in for, so their torch imports never run. Prints
 one JSON line per configuration (PTX marker counts, shared memory, warps, ``setmaxnreg`` values; with
-``--ptxas`` registers, spills and the waits ptxas injected, from the bundled ptxas) and exits 1 on
-the first failure.
+``--ptxas`` registers, spills, the waits ptxas injected and whether it serialised the wgmma, from the
+bundled ptxas) and exits 1 on the first failure.
 :func:`compile_in_subprocess` runs it as the tests do: another interpreter, a fresh Triton cache.
 """
 
@@ -186,6 +187,35 @@ CONFIGS: dict[str, Config] = {
 }
 
 
+_TILE_NAME = re.compile(r"(dkdv|dq)-d(\d+)-(\d+)x(\d+)s(\d+)c([12])(?:r(\d+))?(-split)?")
+
+
+def config_for(name: str) -> Config:
+    """A name of :data:`CONFIGS`, or a backward tile named ``KERNEL-dD-BMxBNsSTAGEScCONSUMERS[rREGS]``
+    (``rREGS``: the second consumer partition's registers, default 240) with ``-split`` for a dK/dV
+    kernel without the atomic dQ, e.g. ``dkdv-d128-64x128s3c2r232``; otherwise as the table's
+    backward configs (bf16, causal, one head per group)."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    match = _TILE_NAME.fullmatch(name)
+    if match is None:
+        raise KeyError(f"{name!r}: neither a configuration nor KERNEL-dD-BMxBNsSTAGEScCONSUMERS[rREGS]")
+    kernel, dim, block_m, block_n, stages, consumers, regs, split = match.groups()
+    if kernel == "dq" and split:
+        raise KeyError(f"{name!r}: -split names a dK/dV kernel")
+    tile = {
+        "BLOCK_M": int(block_m),
+        "BLOCK_N": int(block_n),
+        "NUM_STAGES": int(stages),
+        "NUM_CONSUMERS": int(consumers),
+        "NUM_WARPS": 8 if consumers == "1" else 4,
+        "CONSUMER_REGS": int(regs or 240),
+    }
+    if kernel == "dq":
+        return _dq(int(dim), **tile)
+    return _dkdv(int(dim), DQ_ATOMIC=not split, **tile)
+
+
 def _import_kernels(module: str) -> types.ModuleType:
     for name in ("thd", "thd.ops", "thd.ops.attention"):
         if name not in sys.modules:
@@ -245,6 +275,9 @@ def _ptxas_stats(ptx: str) -> dict[str, int]:
         "registers": max(regs, default=-1),
         "spill_bytes": sum(spills),
         "injected_waits": injected,
+        # C7512: "wgmma.mma_async instructions are serialized due to insufficient register resources"
+        # (every product waited for at once: no wgmma overlaps another or the softmax)
+        "wgmma_serialized": len(re.findall(r"C7512", text)),
         "exp2_before_last_wait": exp2_before_last_wait(sass),
     }
 
@@ -274,7 +307,7 @@ def compile_config(name: str, ptxas: bool = False) -> dict[str, object]:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    config = CONFIGS[name]
+    config = config_for(name)
     fn = getattr(_import_kernels(config.module), config.kernel)
     from thd.ops.attention.gluon.compat import GluonASTSource
 
