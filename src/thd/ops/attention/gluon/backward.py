@@ -83,13 +83,16 @@ ONE_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
 # The default: two 4-warp partitions (FA3's two consumer warpgroups). On the H200 (bf16, 16 heads,
 # causal 32k of 512-8192, gluon-bwd-structures-6c44123.json) they took 5.24 / 3.43 ms against the
 # one-partition tiles' 5.60 / 3.99 ms at head dim 128 / 64 (tl: 6.20 / 3.45). A three-stage dK/dV
-# ring measured no faster (4.97 vs 4.97 ms split dQ, gluon-bwd-stats-smem-df281ed.json).
+# ring measured no faster with the split dQ (4.97 vs 4.97 ms, gluon-bwd-stats-smem-df281ed.json); with
+# the atomic dQ (the default) it is (H100, alternating processes, gluon-bwd-tiles-ab-h100.json):
+# 4.24-4.25 against 4.31-4.39 ms at head dim 128 (231 KB of shared memory; ptxas 3.6 spills 356
+# bytes against 464). At head dim 64, 128-query tiles: 2.68-2.79 against 2.81-2.86 ms.
 # ``THD_GLUON_BWD_CONSUMERS=1`` (read at import) selects the one-partition tiles. With the atomic
 # dQ, two partitions add each dQ tile by a TMA reduce-add (FA3's), one partition (or a dq buffer
 # TMA cannot address) by per-element atomics.
 TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
-    ("dkdv", 64): GluonTile(block_m=64, block_n=128, consumers=2),
-    ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2),
+    ("dkdv", 64): GluonTile(block_m=128, block_n=128, consumers=2),
+    ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2, num_stages=3),
     ("dq", 64): GluonTile(block_m=128, block_n=128, consumers=2),
     ("dq", 128): GluonTile(block_m=128, block_n=64, consumers=2),
 }
