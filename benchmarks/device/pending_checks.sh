@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s). The
-# seventh session of 2026-12-06 ran the fast-launch GPU tests on the cached-launcher fix (4 passed),
-# bench_host.py and profile_host.py --launcher real --ring 0/2 (host-time-fd9490f-h100.json,
-# host-ring-real-fd9490f-h100.json), the A/Bs of every branch listed by the sixth session
-# (docs/gluon.md: fwd-epilogue-smem merged as cdab947, the rest not), and an FA4 iteration on cdab947
-# (attention-cdab947-h100.json; its prefer-gluon tests ran 166, none failed, cut by the budget).
+# eighth session of 2026-12-06 ran auto's family GPU tests (6 passed, the head-dim-128 rule at 512
+# included), the backward tile sweep and A/B (gluon-bwd-tiles-ab-h100.json: new dK/dV tiles merged as
+# e1a6caa, their test_backward_gpu.py passed, 38), two backward A/Bs (not merged) and the ring's host
+# time before and after its trims (host-ring-trims-ab-h100.json). Not run since: the wait profile,
+# the prefer-gluon attention and ring files, the rest of the prefer-gluon suite, and an FA4
+# iteration on the new backward tiles (benchmarks/device/iteration.sh).
 #   device: bash benchmarks/device/pending_checks.sh 1   (then ... 2, ... 3)
-# Call 1: the family GPU tests (auto's head-dim-128 forward rule moved from 1024 to 512: not yet run on
-#   a GPU), the Gluon forward's wait profile on the merged order and staged output, then the
-#   prefer-gluon attention files.
+# Call 1: the family GPU tests, the Gluon forward's wait profile on the merged order and staged
+#   output, then the prefer-gluon attention files.
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
 # Call 3: the rest of the prefer-gluon GPU suite (tests/ops, tests/cp); FA4 tests need
 #   fa4-wheels.sh's stage call first.
@@ -22,7 +22,7 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
 nvidia-smi --query-gpu=name --format=csv,noheader
 case "${1:?usage: pending_checks.sh 1|2|3}" in
 1)
-  echo "== family tests (auto's rule) $(date +%T)"
+  echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
   echo "== wait profile $(date +%T)"
   PYTHONPATH=src:. timeout 90 python3 benchmarks/device/profile_gluon_waits.py --out "$OUT/gluon-waits.json" \
