@@ -127,6 +127,13 @@ def _dq(head_dim: int, dtype: str = "bf16", **flags: object) -> Config:
     return Config("backward_kernel", "_dq_kernel", dtype, meta, frozenset(fp32), int(meta["NUM_WARPS"]))
 
 
+# The two-partition dK/dV tiles of backward.TWO_CONSUMER_TILES (this script imports no torch, so it
+# cannot read them there): three Q/dO stages at head dim 128, 128-query tiles at 64.
+_DKDV_2WG = {
+    128: {"NUM_WARPS": 4, "NUM_CONSUMERS": 2, "NUM_STAGES": 3},
+    64: {"NUM_WARPS": 4, "NUM_CONSUMERS": 2, "BLOCK_M": 128},
+}
+
 _VARIANTS = {  # every score option at once: window, positions, softcap, sinks, accumulate
     "HAS_LEFT": True,
     "HAS_POSITIONS": True,
@@ -175,20 +182,13 @@ CONFIGS: dict[str, Config] = {
     "dkdv-d128-accumulate": _dkdv(128, ACCUMULATE=True, HAS_POSITIONS=True),
     "dq-d128": _dq(128),
     "dq-d64": _dq(64, HAS_RIGHT=False),
-    "dkdv-d128-2wg": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, NUM_STAGES=3),
-    "dkdv-d64-2wg": _dkdv(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_M=128),
+    "dkdv-d128-2wg": _dkdv(128, **_DKDV_2WG[128]),
+    "dkdv-d64-2wg": _dkdv(64, **_DKDV_2WG[64]),
     "dkdv-d128-2wg-gqa-window-accumulate": _dkdv(
-        128,
-        NUM_WARPS=4,
-        NUM_CONSUMERS=2,
-        NUM_STAGES=3,
-        GROUP=4,
-        HAS_LEFT=True,
-        ACCUMULATE=True,
-        HAS_POSITIONS=True,
+        128, **_DKDV_2WG[128], GROUP=4, HAS_LEFT=True, ACCUMULATE=True, HAS_POSITIONS=True
     ),
-    "dkdv-d64-2wg-split": _dkdv(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_M=128, DQ_ATOMIC=False),
-    "dkdv-d128-2wg-split": _dkdv(128, NUM_WARPS=4, NUM_CONSUMERS=2, NUM_STAGES=3, DQ_ATOMIC=False),
+    "dkdv-d64-2wg-split": _dkdv(64, **_DKDV_2WG[64], DQ_ATOMIC=False),
+    "dkdv-d128-2wg-split": _dkdv(128, **_DKDV_2WG[128], DQ_ATOMIC=False),
     "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
     "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
 }

@@ -63,3 +63,15 @@ def test_compiles_for_sm90_with_triton_3_6() -> None:
         assert s["spill_bytes"] <= SPILL_LIMITS.get(name, 0), (name, s["spill_bytes"])
         # no wgmma wait injected by ptxas (one serialised S^T and dP^T while delta sat in registers)
         assert s["injected_waits"] == 0, (name, s)
+
+
+def test_compiled_default_tiles_are_the_ones_users_get() -> None:
+    """The two-partition dK/dV configurations compiled here are ``TWO_CONSUMER_TILES``' dK/dV tiles."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    from tests.ops.gluon._compile_sm90 import config_for
+    from thd.ops.attention.gluon import backward as gluon_backward
+
+    for head_dim in (64, 128):
+        tile = gluon_backward.TWO_CONSUMER_TILES[("dkdv", head_dim)]
+        compiled = config_for(f"dkdv-d{head_dim}-2wg").constexprs
+        assert {key: compiled[key] for key in tile.constexprs()} == tile.constexprs(), head_dim
