@@ -3,6 +3,7 @@
 # kernel: profile_attention.py --no-deterministic), per head dim: the sections' text and the stall
 # samples per SASS line as CSV (SourceCounters), for finding where the backward's warps wait.
 #   device: NCU_DIMS="128 64" bash benchmarks/device/ncu_backward.sh   (about 60-90 s per head dim)
+# Keeps the text and the CSV per head dim; KEEP_REP=1 keeps the report and the run's log too.
 # Not yet run (written in the eighth session of 2026-12-06, when the lease ran out first).
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
@@ -17,5 +18,6 @@ for d in ${NCU_DIMS:-128 64}; do
   timeout 40 ncu --import "$OUT/ncu-bwd-d$d.ncu-rep" > "$OUT/ncu-bwd-d$d.txt" 2>&1
   timeout 60 ncu --import "$OUT/ncu-bwd-d$d.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu-bwd-d$d-sass.csv" 2>&1
   wc -l "$OUT/ncu-bwd-d$d.txt" "$OUT/ncu-bwd-d$d-sass.csv"
+  [ "${KEEP_REP:-0}" = 1 ] || rm -f "$OUT/ncu-bwd-d$d.ncu-rep" "$OUT/ncu-run-d$d.log"  # the device returns few files
 done
 echo "== done $(date +%T)"
