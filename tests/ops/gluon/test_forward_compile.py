@@ -36,6 +36,11 @@ def _assert_fa3_pieces(stats: dict[str, dict]) -> None:
     assert stats["d64-fp16"]["num_warps"] == 16, stats
 
 
+def _fits_registers(stats: dict[str, object]) -> bool:
+    """ptxas spilled nothing, injected no wgmma wait and serialised no wgmma (C7512)."""
+    return stats["spill_bytes"] == 0 and stats["injected_waits"] == 0 and stats["wgmma_serialized"] == 0
+
+
 def test_compiles_for_sm90_with_this_triton() -> None:
     pytest.importorskip("triton.experimental.gluon")
     _assert_fa3_pieces(compile_in_subprocess(sys.executable, CONFIGS))
@@ -59,7 +64,7 @@ def test_softmax_overlaps_the_pv_product_in_sass_with_triton_3_6() -> None:
     counts = stats["exp2_before_last_wait"]
     assert len(counts) == 2, stats  # one key loop per consumer warpgroup
     assert min(counts) >= 64, stats
-    assert stats["spill_bytes"] == 0 and stats["injected_waits"] == 0, stats
+    assert _fits_registers(stats), stats
 
 
 D256 = ("d256-causal-bf16", "d256-variants-fp16", "d256-dv128-gqa")
@@ -76,7 +81,7 @@ def test_head_dim_256_fits_shared_memory_without_spills_with_triton_3_6() -> Non
     for name in D256:
         s = stats[name]
         assert s["wgmma_wait1"] > 0 and s["tma_load"] > 0 and s["num_warps"] == 12, (name, s)
-        assert s["spill_bytes"] == 0 and s["injected_waits"] == 0, (name, s)
+        assert _fits_registers(s), (name, s)
         assert s["shared"] <= SM90_SHARED_BYTES, (name, s["shared"])
 
 
@@ -88,7 +93,7 @@ def test_gqa_row_packing_compiles_without_spills_with_triton_3_6() -> None:
         pytest.skip("THD_TRITON36_PYTHON is unset: name a Python with triton==3.6.0 (torch not needed)")
     stats = compile_in_subprocess(python, ("d128-gqa-pack",), ptxas=True)["d128-gqa-pack"]
     assert stats["wgmma_wait1"] > 0 and stats["tma_load"] > 0 and stats["num_warps"] == 12, stats
-    assert stats["spill_bytes"] == 0 and stats["injected_waits"] == 0, stats
+    assert _fits_registers(stats), stats
     assert min(stats["exp2_before_last_wait"]) >= 64, stats
 
 
