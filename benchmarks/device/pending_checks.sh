@@ -9,7 +9,7 @@
 # lease; it adds two checks, after these three calls or before them if time is short:
 #   NCU_DIMS="128 64" bash benchmarks/device/ncu_backward.sh   (the backward's Nsight Compute summary)
 #   bash benchmarks/device/ab_gluon_bwd_alone.sh .ab/bwd-dq-under-dk/src 2   (carry .ab/bwd-dq-under-dk:
-#   git archive 9b0f7f4 | tar -x -C .ab/bwd-dq-under-dk)
+#   git archive 9124a4e | tar -x -C .ab/bwd-dq-under-dk)
 #   device: bash benchmarks/device/pending_checks.sh 1   (then ... 2, ... 3)
 # Call 1: the family GPU tests, the Gluon forward's wait profile on the merged order and staged
 #   output, then the prefer-gluon attention files.
