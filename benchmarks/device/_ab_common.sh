@@ -56,9 +56,11 @@ for key in sorted(base):
 PY
 }
 
-# ab_pack OUT TARBALL: the run files into one tarball (the device returns a limited number of files).
+# ab_pack OUT TARBALL [PREFIX]: the run files (PREFIX-*-*.json, default ab) into one tarball (the
+# device returns a limited number of files).
 ab_pack() {
-  tar -czf "$1/$2" -C "$1" $(cd "$1" && ls ab-*-*.json) && (cd "$1" && rm -f ab-*-*.json)
+  local prefix=${3:-ab}
+  tar -czf "$1/$2" -C "$1" $(cd "$1" && ls "$prefix"-*-*.json) && (cd "$1" && rm -f "$prefix"-*-*.json)
 }
 
 # ab_rounds ROUNDS ROUND_S: ROUNDS alternating rounds over this checkout's src/ (base) and the trees

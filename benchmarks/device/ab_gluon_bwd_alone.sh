@@ -35,4 +35,4 @@ for dim, runs in sorted(base.items()):
              for t, v in sorted(ms.items()) if dim in v]
     print(f"D{dim}: base {statistics.median(runs):.3f} ms | " + " | ".join(cells))
 PY
-tar -czf "$OUT/ab-bwd-alone-runs.tgz" -C "$OUT" $(cd "$OUT" && ls alone-*-*.json) && rm -f "$OUT"/alone-*-*.json
+ab_pack "$OUT" ab-bwd-alone-runs.tgz alone

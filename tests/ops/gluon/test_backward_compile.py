@@ -63,7 +63,7 @@ def test_compiles_for_sm90_with_triton_3_6() -> None:
         assert s["spill_bytes"] <= SPILL_LIMITS.get(name, 0), (name, s["spill_bytes"])
         # no wgmma wait injected by ptxas (one serialised S^T and dP^T while delta sat in registers)
         assert s["injected_waits"] == 0, (name, s)
-        # nor serialised for want of registers (C7512: holding dQ past the next tile's S^T did that)
+        # nor serialised for want of registers (C7512: holding dQ into the next tile's products did that)
         assert s["wgmma_serialized"] == 0, (name, s)
 
 
