@@ -4,7 +4,8 @@
 # samples per SASS line as CSV (SourceCounters), for finding where the backward's warps wait.
 #   device: NCU_DIMS="128 64" bash benchmarks/device/ncu_backward.sh   (about 60-90 s per head dim)
 # Keeps the text and the CSV per head dim; KEEP_REP=1 keeps the report and the run's log too.
-# Not yet run (written in the eighth session of 2026-12-06, when the lease ran out first).
+# First run in the tenth session of 2026-12-06 (ncu-gluon-bwd-6dc7216-*); summarize a CSV with
+# benchmarks/ncu_stalls.py.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

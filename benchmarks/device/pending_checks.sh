@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s). The
-# eighth session of 2026-12-06 ran auto's family GPU tests (6 passed, the head-dim-128 rule at 512
-# included), the backward tile sweep and A/B (gluon-bwd-tiles-ab-h100.json: new dK/dV tiles merged as
-# e1a6caa, their test_backward_gpu.py passed, 38), two backward A/Bs (not merged) and the ring's host
-# time before and after its trims (host-ring-trims-ab-h100.json). Not run since: the wait profile,
-# the prefer-gluon attention and ring files, the rest of the prefer-gluon suite, and an FA4
-# iteration on the new backward tiles (benchmarks/device/iteration.sh). The ninth session got no
-# lease; it adds two checks, after these three calls or before them if time is short:
-#   NCU_DIMS="128 64" bash benchmarks/device/ncu_backward.sh   (the backward's Nsight Compute summary)
-#   bash benchmarks/device/ab_gluon_bwd_alone.sh .ab/bwd-dq-under-dk/src 2   (carry .ab/bwd-dq-under-dk:
-#   git archive 9124a4e | tar -x -C .ab/bwd-dq-under-dk)
-#   device: bash benchmarks/device/pending_checks.sh 1   (then ... 2, ... 3)
+# tenth session of 2026-12-06 ran the backward's Nsight Compute profile, the bwd-dq-under-dk A/B,
+# an FA4 iteration on 6dc7216 (memcheck passed; its prefer-gluon step cut by the budget), call 2
+# below (the ring files under prefer-gluon: 6 passed, 2 skipped) and a cut run of the rest of the
+# attention files. Not run since the eighth session: call 1 (family tests, the forward's wait
+# profile) and call 3 whole. Call 4 (new): whether the 128-query dK/dV tile at head dim 64 (e1a6caa)
+# is what slowed the forced Gluon backward on 64-1024-token documents (110 against 137 TFLOP/s
+# between two FA4 runs); a minute.
+#   device: bash benchmarks/device/pending_checks.sh 4   (then 1, 3)
 # Call 1: the family GPU tests, the Gluon forward's wait profile on the merged order and staged
 #   output, then the prefer-gluon attention files.
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
 # Call 3: the rest of the prefer-gluon GPU suite (tests/ops, tests/cp); FA4 tests need
 #   fa4-wheels.sh's stage call first.
+# Call 4: the backward alone at head dim 64 on short documents, both dK/dV tiles in one process.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
@@ -24,7 +22,7 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
   PYTHONPATH=src:. timeout "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -rf "$@" 2>&1 | tail -8
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -40,6 +38,13 @@ case "${1:?usage: pending_checks.sh 1|2|3}" in
   ;;
 3)
   THD_KERNELS=prefer-gluon gpu_tests 580 tests/ops tests/cp --ignore=tests/ops/gluon -k "not autotuned"
+  ;;
+4)
+  for docs in 64-1024 256-4096; do
+    PYTHONPATH=src:benchmarks:. timeout 200 python3 benchmarks/bench_gluon_bwd.py --dims 64 --tokens 16384 \
+      --docs "$docs" --providers tl gluon --dkdv-tiles 64x128s2c2 128x128s2c2 --rep-ms 60 \
+      --out "$OUT/gluon-bwd-d64-short-$docs.json" 2>&1 | grep -E '^D[0-9]'
+  done
   ;;
 esac
 echo "== done $(date +%T)"
