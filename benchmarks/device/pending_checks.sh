@@ -13,7 +13,10 @@
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
 # Call 3: the rest of the prefer-gluon GPU suite (tests/ops, tests/cp); FA4 tests need
 #   fa4-wheels.sh's stage call first.
-# Call 4: the backward alone at head dim 64 on short documents, both dK/dV tiles in one process.
+# Call 4: the backward alone at head dim 64 on three layouts, in one process per layout: the old
+#   64-query tile, today's 128-query tile, and today's with the worker consumer at 248 registers
+#   (the default partition then gets 232; ptxas 3.6 moves spills from the worker to it, 564 bytes
+#   in all against 588, no serialised wgmma).
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
@@ -40,10 +43,10 @@ case "${1:?usage: pending_checks.sh 1|2|3|4}" in
   THD_KERNELS=prefer-gluon gpu_tests 580 tests/ops tests/cp --ignore=tests/ops/gluon -k "not autotuned"
   ;;
 4)
-  for docs in 64-1024 256-4096; do
-    PYTHONPATH=src:benchmarks:. timeout 200 python3 benchmarks/bench_gluon_bwd.py --dims 64 --tokens 16384 \
-      --docs "$docs" --providers tl gluon --dkdv-tiles 64x128s2c2 128x128s2c2 --rep-ms 60 \
-      --out "$OUT/gluon-bwd-d64-short-$docs.json" 2>&1 | grep -E '^D[0-9]'
+  for layout in 16384:64-1024 16384:256-4096 32768:512-8192; do
+    PYTHONPATH=src:benchmarks:. timeout 170 python3 benchmarks/bench_gluon_bwd.py --dims 64 --tokens "${layout%%:*}" \
+      --docs "${layout#*:}" --providers tl gluon --dkdv-tiles 64x128s2c2 128x128s2c2 128x128s2c2r248 \
+      --rep-ms 60 --out "$OUT/gluon-bwd-d64-tiles-${layout/:/-}.json" 2>&1 | grep -E '^D[0-9]'
   done
   ;;
 esac
