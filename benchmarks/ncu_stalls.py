@@ -29,7 +29,6 @@ IDLE_BARRIER_SHARE = 0.95  # a NOP's share of stall_barrier samples above which 
 
 CLASSES: dict[str, tuple[str, ...]] = {
     "wgmma": ("HGMMA", "WARPGROUP"),
-    "mbarrier wait": ("SYNCS",),
     "math": ("FFMA", "FADD", "FMUL", "MUFU", "FMNMX", "FSETP", "FSEL", "F2FP", "FCHK", "HADD2", "HMUL2"),
     "shared memory": ("LDS", "STS", "LDSM", "STSM"),
     "global memory": (
@@ -44,7 +43,7 @@ CLASSES: dict[str, tuple[str, ...]] = {
         "UTMASTG",
         "UTMAREDG",
     ),
-    "CTA sync and fences": ("BAR", "FENCE", "MEMBAR"),
+    "CTA sync and fences": ("BAR", "FENCE", "MEMBAR"),  # and mbarrier arrives (classify)
 }
 
 
@@ -91,14 +90,17 @@ def opcode(source: str) -> str:
 
 
 def classify(source: str, reasons: collections.Counter) -> str:
-    """The class of one line: ``idle``, a :data:`CLASSES` key, a branch spinning on an mbarrier
-    (``BRA`` whose samples are mostly ``stall_long_sb``: the retry of a try-wait), or ``other``."""
+    """The class of one line: ``idle``, ``mbarrier wait`` (a try-wait, or a ``BRA`` whose samples
+    are mostly ``stall_long_sb``: its retry), a :data:`CLASSES` key (an mbarrier's arrive counts as
+    a CTA sync), or ``other``."""
     op = opcode(source)
     samples = sum(reasons.values())
     if op == "NOP" and samples and reasons["stall_barrier"] >= IDLE_BARRIER_SHARE * samples:
         return "idle"
     if op == "BRA" and samples and reasons["stall_long_sb"] * 2 > samples:
         return "mbarrier wait"
+    if op == "SYNCS":  # an mbarrier's try-wait, or its arrive / init
+        return "mbarrier wait" if "TRYWAIT" in source else "CTA sync and fences"
     return next((name for name, ops in CLASSES.items() if op in ops), "other")
 
 

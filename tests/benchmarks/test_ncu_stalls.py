@@ -88,6 +88,13 @@ def test_opcode_and_classes() -> None:
     assert ncu_stalls.opcode("WARPGROUP.DEPBAR.LE gsb0, 0x0") == "WARPGROUP"
     spin = ncu_stalls.collections.Counter(stall_long_sb=1, stall_wait=3)
     assert ncu_stalls.classify("@!P0  BRA 0x10", spin) == "other"  # a branch not waiting on a barrier
+    one = ncu_stalls.collections.Counter(stall_long_sb=1)
+    assert (
+        ncu_stalls.classify("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R6+URZ+0x387d0], R0", one) == "mbarrier wait"
+    )
+    assert ncu_stalls.classify("@!P1  SYNCS.ARRIVE.TRANS64.A1T0 RZ, [R20+URZ+0x387c0], RZ", one) == (
+        "CTA sync and fences"
+    )
 
 
 def test_not_an_export_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
