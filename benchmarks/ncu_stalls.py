@@ -54,7 +54,6 @@ class CodeRegion:
 
     marker: str
     samples: int = 0
-    idle: int = 0
     executed: int = 0
     by_class: collections.Counter = field(default_factory=collections.Counter)
 
@@ -121,6 +120,8 @@ def summarize(path: Path, top: int = 12) -> StallSummary:
         if needed not in column:
             raise SystemExit(f"ERROR: {path}: no '{needed}' column")
     stall_columns = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    executed_column = column.get("Instructions Executed")
+    excess_column = column.get(EXCESS)
     summary = StallSummary()
     lines = []
     region = CodeRegion(marker="kernel entry")
@@ -132,25 +133,24 @@ def summarize(path: Path, top: int = 12) -> StallSummary:
         reasons = collections.Counter({h: _number(row[column[h]]) for h in stall_columns})
         samples = _number(row[column[SAMPLES]])
         kind = classify(source, reasons)
-        if opcode(source) == "USETMAXREG":
+        op = opcode(source)
+        if op == "USETMAXREG":
             region = CodeRegion(marker=source)
             summary.regions.append(region)
         region.samples += samples
-        region.executed += (
-            _number(row[column["Instructions Executed"]]) if "Instructions Executed" in column else 0
-        )
+        if executed_column is not None:
+            region.executed += _number(row[executed_column])
         region.by_class[kind] += samples
         summary.total += samples
         if kind == "idle":
             summary.idle += samples
-            region.idle += samples
         else:
             summary.by_class[kind] += samples
             summary.reasons.setdefault(kind, collections.Counter()).update(reasons)
             if samples:
                 lines.append((samples, kind, source))
-        if EXCESS in column:
-            summary.excess_by_opcode[opcode(source)] += _number(row[column[EXCESS]])
+        if excess_column is not None:
+            summary.excess_by_opcode[op] += _number(row[excess_column])
     summary.top_lines = sorted(lines, key=lambda line: -line[0])[:top]
     summary.excess_by_opcode = +summary.excess_by_opcode  # drops zero counts
     return summary

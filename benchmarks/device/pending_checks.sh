@@ -6,7 +6,7 @@
 # attention files. Not run since the eighth session: call 1 (family tests, the forward's wait
 # profile) and call 3 whole. Call 4 (new): whether the 128-query dK/dV tile at head dim 64 (e1a6caa)
 # is what slowed the forced Gluon backward on 64-1024-token documents (110 against 137 TFLOP/s
-# between two FA4 runs); a minute.
+# between two FA4 runs); three to five minutes.
 # Before these, if a lease allows: Triton 3.9 against 3.6 on the Gluon backward and forward
 # (benchmarks/device/triton39.sh's header: one staging call, then the A/B in the next).
 #   device: bash benchmarks/device/pending_checks.sh 4   (then 1, 3)

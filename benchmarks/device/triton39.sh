@@ -22,6 +22,10 @@
 # (tests/ops/gluon/_compile_sm90.py --ptxas: dK/dV spills 120 / 676 bytes at head dims 128 / 64).
 set -euo pipefail
 VERSION=3.9.0
+tree_exports() {  # what the 3.9 tree needs, as shell for the caller to evaluate (see above)
+  echo "export TRITON_BACKENDS_IN_TREE=1 TRITON_DEFAULT_FP_FUSION=1"
+  echo "export TRITON_PTXAS_BLACKWELL_PATH=$(pwd)/.ab/triton39/src/triton/backends/nvidia/bin/ptxas"
+}
 case "${1:-}" in
 prepare)
   d=.t39; rm -rf "$d"; mkdir -p "$d/a" "$d/b" "$d/tmp/x"
@@ -50,20 +54,18 @@ install)
   cat /root/t39parts/part.aa .t39/b/part.ab > /root/triton.tar.xz
   [ "$(sha256sum /root/triton.tar.xz | cut -d' ' -f1)" = "$(cat .t39/b/SHA256)" ] \
     || { echo "ERROR: the joined parts do not match SHA256" >&2; exit 1; }
-  rm -rf .ab/triton39 && mkdir -p .ab/triton39/src >&2
+  rm -rf .ab/triton39 && mkdir -p .ab/triton39/src
   python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" /root/triton.tar.xz .ab/triton39/src
   ln -s "$(pwd)/src/thd" .ab/triton39/src/thd
   if ! TRITON_BACKENDS_IN_TREE=1 PYTHONPATH=.ab/triton39/src python3 -c \
       "import triton, thd; print('triton', triton.__version__, 'thd from', thd.__file__)" >&2; then
     echo "false  # the tree did not import (see above)"; exit 1
   fi
-  echo "export TRITON_BACKENDS_IN_TREE=1 TRITON_DEFAULT_FP_FUSION=1"
-  echo "export TRITON_PTXAS_BLACKWELL_PATH=$(pwd)/.ab/triton39/src/triton/backends/nvidia/bin/ptxas"
+  tree_exports
   ;;
 env)  # a later call on the same warm machine: the tree is still there, print its exports again
   [ -d .ab/triton39/src/triton ] || { echo "false  # no .ab/triton39 here (the machine was given back)"; exit 1; }
-  echo "export TRITON_BACKENDS_IN_TREE=1 TRITON_DEFAULT_FP_FUSION=1"
-  echo "export TRITON_PTXAS_BLACKWELL_PATH=$(pwd)/.ab/triton39/src/triton/backends/nvidia/bin/ptxas"
+  tree_exports
   ;;
 *)
   echo "usage: triton39.sh prepare|stage|install|env" >&2; exit 2 ;;
