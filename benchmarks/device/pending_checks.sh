@@ -1,24 +1,23 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s). The
-# tenth session of 2026-12-06 ran the backward's Nsight Compute profile, the bwd-dq-under-dk A/B,
-# an FA4 iteration on 6dc7216 (memcheck passed; its prefer-gluon step cut by the budget), call 2
-# below (the ring files under prefer-gluon: 6 passed, 2 skipped) and a cut run of the rest of the
-# attention files. Not run since the eighth session: call 1 (family tests, the forward's wait
-# profile) and call 3 whole. Call 4 (new): whether the 128-query dK/dV tile at head dim 64 (e1a6caa)
-# is what slowed the forced Gluon backward on 64-1024-token documents (110 against 137 TFLOP/s
-# between two FA4 runs); three to five minutes.
-# Before these, if a lease allows: Triton 3.9 against 3.6 on the Gluon backward and forward
-# (benchmarks/device/triton39.sh's header: one staging call, then the A/B in the next).
-#   device: bash benchmarks/device/pending_checks.sh 4   (then 1, 3)
+# eleventh session of 2026-12-06 ran the Triton 3.9 A/B and an FA4 iteration under 3.9 (its
+# variants step got only the plain and window rows in its budget), call 4 (the head dim 64 dK/dV
+# tiles: the 128-query tile is not what slowed the short-document backward; kept as a record) and
+# the first two steps of call 1 (family tests passed, the forward's wait profile); the prefer-gluon
+# attention files of call 1 were cut by that call's own limit. Not run since: call 1's last step,
+# call 3, call 5.
+#   device: bash benchmarks/device/pending_checks.sh 1   (then 3; 5 after fa4-wheels.sh stage)
 # Call 1: the family GPU tests, the Gluon forward's wait profile on the merged order and staged
 #   output, then the prefer-gluon attention files.
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
 # Call 3: the rest of the prefer-gluon GPU suite (tests/ops, tests/cp); FA4 tests need
 #   fa4-wheels.sh's stage call first.
 # Call 4: the backward alone at head dim 64 on three layouts, in one process per layout: the old
-#   64-query tile, today's 128-query tile, and today's with the worker consumer at 248 registers
-#   (the default partition then gets 232; ptxas 3.6 moves spills from the worker to it, 564 bytes
-#   in all against 588, no serialised wgmma).
+#   64-query tile, today's 128-query tile, and today's with the worker consumer at 248 registers.
+# Call 5 (carry [".fa4/b"], right after `bash .fa4/a/fa4-wheels.sh stage` with carry [".fa4/a"]):
+#   issue 24's variants goal on its own, every variant (window, window on one document, softcap,
+#   sinks) with the plain rows it is compared to, both thd families and FA4, with the budget the
+#   iteration's variants step lacks.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
@@ -27,7 +26,7 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
   PYTHONPATH=src:. timeout "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -rf "$@" 2>&1 | tail -8
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -52,6 +51,13 @@ case "${1:?usage: pending_checks.sh 1|2|3|4}" in
       --rep-ms 60 --out "$OUT/gluon-bwd-d64-tiles-${layout/:/-}.json" 2>&1 | grep -E '^D[0-9]'
     limit=150
   done
+  ;;
+5)
+  eval "$(bash .fa4/b/fa4-wheels.sh install)" || exit 1
+  PYTHONPATH=src:.:$PYTHONPATH timeout 540 python3 benchmarks/bench_attention.py --variants \
+    --out "$OUT/attention-variants-$(git rev-parse --short HEAD 2>/dev/null || echo unknown).json" \
+    --providers thd-tl thd-gluon fa4 --layouts 32768:512-8192 --budget-s 420 --rep-ms 40 --trials 3 2>&1 | tail -3
+  PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT"/attention-variants-*.json 2>&1 | tail -12
   ;;
 esac
 echo "== done $(date +%T)"
