@@ -165,6 +165,41 @@ def test_ring_launches_reuse_cached_plans_across_calls(
         assert torch.equal(a, b), name
 
 
+@pytest.mark.skipif(not config.interpreting(), reason="the tl kernels on CPU need TRITON_INTERPRET=1")
+@pytest.mark.parametrize("window", [(-1, -1), (3, 0)], ids=["plain", "windowed"])
+def test_ring_backward_computes_delta_once(monkeypatch: pytest.MonkeyPatch, window: tuple[int, int]) -> None:
+    """The ring's backward runs the preprocess (``rowsum(dO * out)``) once over the rank's rows
+    instead of once per launch, and its gradients are, bitwise, those of one preprocess per launch
+    (rank 0 of 2, alone)."""
+    q, k, v, do = rank0_of_two_alone(monkeypatch)
+    preprocess = launch.LAUNCHERS["preprocess"]
+    counted = {"launches": 0}
+    for name in ("run", "run_fixed"):
+        original = getattr(preprocess, name)
+
+        def counting(*args, _original=original, **kwargs):  # type: ignore[no-untyped-def]
+            counted["launches"] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(preprocess, name, counting)
+
+    def grads() -> tuple[list[torch.Tensor], int]:
+        cu = torch.tensor([0, 12, 16], dtype=torch.int32)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = ring_attention(*leaves, cu, cu, cu, cu, causal=True, max_seqlen_q=12, max_seqlen_kv=12,
+                             window_size=window)  # fmt: skip
+        counted["launches"] = 0
+        got = list(torch.autograd.grad(out, leaves, do))
+        return got, counted["launches"]
+
+    shared, once = grads()
+    monkeypatch.setattr(ring_mod, "query_rows_delta", lambda plan, do, saved: None)
+    own, per_launch = grads()
+    assert once == 1 and per_launch > 1, (once, per_launch)
+    for name, a, b in zip(("dq", "dk", "dv"), shared, own, strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_ring_metadata_checks_take_the_common_call_shortcut_only_where_they_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -240,6 +240,36 @@ def test_plan_grid_bounds_cover_every_launch(call: Call) -> None:
                 assert bound is not None and int((cu[1:] - cu[:-1]).max()) <= bound, (call, launch)
 
 
+@_SETTINGS
+@given(call=_calls())
+@example(call=_NO_KEY)
+@example(call=_PLAIN)
+def test_plan_query_rows_hold_every_launch_query_rows(call: Call) -> None:
+    """``query_rows`` (the rows of the backward's one shared ``rowsum(dO * out)``) are exactly the
+    rank's real query rows, and hold the query rows of every launch of the rank; none at cp = 1."""
+    if call.pad and not call.max_slots:
+        call = Call(**{**call.__dict__, "max_slots": True})
+    plans = [build_plan(request) for request in call.requests()]
+    covered: set[int] = set()
+    for plan in plans:
+        if call.cp == 1:
+            assert plan.query_rows is None
+            continue
+        assert plan.query_rows is not None
+        rows: set[int] = set()
+        for local_q, _, _ in _launch_rows(Launch(plan.query_rows, False)):
+            rows.update(local_q)
+        launches = [launch for step in plan.steps for launch in step]
+        launched = {x for launch in launches for local_q, _, _ in _launch_rows(launch) for x in local_q}
+        assert launched <= rows, (call, plan.cp_rank, sorted(launched - rows))
+        covered.update(call.q.global_row(call.cp, plan.cp_rank, x) for x in rows)
+        layout = plan.query_rows
+        lengths = layout.cu_seqlens_q[1:] - layout.cu_seqlens_q[:-1]
+        assert layout.max_seqlen_q is not None and int(lengths.max()) <= layout.max_seqlen_q, call
+    if call.cp > 1:
+        assert covered == {x for x in range(sum(call.q.slots)) if call.q.is_real(x)}, call
+
+
 def _fingerprint(plan: RingPlan) -> list:
     def values(layout: VarlenLayout) -> list:
         return [None if t is None else t.tolist() for t in layout.tensors()] + [

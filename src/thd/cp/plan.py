@@ -65,7 +65,9 @@ class RingPlan:
     ``cu_seqlens_*_padded_local`` their offsets (used for the padding cleanup). ``options`` are
     the call's with ``causal=False`` (each launch sets its own). ``windowed``: every launch
     accumulates into a result allocated as ``(0, -inf)``. ``pairs`` / ``skipped``: the windowed
-    schedule's launches without skipping, and how many of them were skipped.
+    schedule's launches without skipping, and how many of them were skipped. ``query_rows``
+    (cp > 1): this rank's real query rows as one layout (the q side on both axes), over which the
+    backward computes ``rowsum(dO * out)`` once for every launch.
     """
 
     cp_size: int
@@ -81,6 +83,7 @@ class RingPlan:
     windowed: bool = False
     pairs: int = 0
     skipped: int = 0
+    query_rows: VarlenLayout | None = None
 
     @property
     def launches(self) -> int:
@@ -239,16 +242,19 @@ def build_plan(request: PlanRequest) -> RingPlan:
     bounds_q = _bounds(max_q, request.max_slot_q, cp, exact)
     bounds_kv = _bounds(max_kv, request.max_slot_kv, cp, exact)
     window = (options.window_left, -1 if causal else options.window_right)
+    full_q, cupl_q = _local(tables, cp, r)[:2]
+    rows = VarlenLayout(full_q, full_q, cupl_q, cupl_q, bounds_q.full, bounds_q.full)
     if window != (-1, -1):
         pairs, sink_chunks = _window_pairs(request, window)
         if pairs is not None:
-            return _windowed_plan(request, tables, pairs, sink_chunks, (bounds_q.half, bounds_kv.half))
+            plan = _windowed_plan(request, tables, pairs, sink_chunks, (bounds_q.half, bounds_kv.half))
+            return replace(plan, query_rows=rows)
     # No window left, or causal=True with window_size=(-1, 0): the plain ring. Its off-diagonal
     # launches are not causal, so a right bound kept in the options would mask their keys by
     # each launch's own bottom-right alignment.
     steps = _plain_steps(request, tables, bounds_q, bounds_kv)
     options = replace(options, window_size=(-1, -1))
-    return RingPlan(cp, r, exact, exact, options, steps, *_local(tables, cp, r))
+    return RingPlan(cp, r, exact, exact, options, steps, *_local(tables, cp, r), query_rows=rows)
 
 
 def _local(tables: _Tables, cp: int, r: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -53,7 +53,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from thd._capture import is_capturing
 from thd.cp.comm import P2P, RingComm, resolve_group
-from thd.cp.launches import launch_backward, launch_forward
+from thd.cp.launches import launch_backward, launch_forward, query_rows_delta
 from thd.cp.plan import Launch, RingPlan
 from thd.cp.prepare import RingCall, prepare_call
 from thd.cp.transport import ring_comm
@@ -193,6 +193,7 @@ def _backward_step(
     saved: SavedForBackward,
     options: AttentionOptions,
     dq_acc: Tensor | None = None,
+    delta: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
     """``(dq, dk, dv, dsinks)`` of one step (``None`` where no launch contributes). Plain
     schedule (one launch): its results as they are. Windowed (``dq_acc``, fp32): every launch
@@ -200,7 +201,7 @@ def _backward_step(
     input dtypes; ``dq`` is then ``dq_acc`` and ``dsinks`` the fp32 sum of the launches' parts."""
     if dq_acc is None:
         (launch,) = launches
-        return launch_backward(launch, do, saved, options)
+        return launch_backward(launch, do, saved, options, delta=delta)
     if not launches:
         return None, None, None, None
     k, v = saved[1], saved[2]
@@ -208,7 +209,7 @@ def _backward_step(
     dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     dsinks = None
     for launch in launches:
-        ds_i = launch_backward(launch, do, saved, options, accumulate=(dq_acc, dk, dv))[3]
+        ds_i = launch_backward(launch, do, saved, options, accumulate=(dq_acc, dk, dv), delta=delta)[3]
         if ds_i is not None:
             dsinks = ds_i.float() if dsinks is None else dsinks.add_(ds_i)
     return dq_acc, dk.to(k.dtype), dv.to(v.dtype), dsinks
@@ -229,6 +230,7 @@ def _ring_backward(
     dq_acc: Tensor | None = window_dq
     dsinks: Tensor | None = None
     dkv: tuple[Tensor, Tensor] | None = None
+    delta = query_rows_delta(plan, do, saved)  # one preprocess for every step's launches
     for i in range(cp):
         j = (r + 1 + i) % cp
         ops: list[P2P] = []
@@ -243,7 +245,7 @@ def _ring_backward(
         if not overlap:
             pending.wait()
         step_saved = SavedForBackward(q, k, v, out, lse, sinks)
-        dq_i, dk_i, dv_i, ds_i = _backward_step(plan.steps[j], do, step_saved, options, window_dq)
+        dq_i, dk_i, dv_i, ds_i = _backward_step(plan.steps[j], do, step_saved, options, window_dq, delta)
         if ds_i is not None:
             dsinks = ds_i if dsinks is None else dsinks + ds_i
         if window_dq is not None or dq_i is None:

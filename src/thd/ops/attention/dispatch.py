@@ -28,6 +28,7 @@ from thd.ops.attention.params import BackwardCall, ForwardCall, VarlenLayout
 __all__ = [
     "FAMILIES",
     "backward_call",
+    "backward_delta",
     "forward_call",
     "kernel_choice",
     "resolve_max_seqlens",
@@ -122,9 +123,34 @@ def backward_call(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | 
     if not call.options.deterministic and torch.are_deterministic_algorithms_enabled():
         call = call._replace(options=call.options.with_deterministic())
     q = call.saved.q
+    if call.delta is not None:
+        _check_delta(call.delta, call.saved.lse)
     if FAMILIES.runs_reference("backward", q):
         return reference.backward(call)
     layout = call.layout
     if layout.max_seqlen_q is None or layout.max_seqlen_kv is None:
         call = call._replace(layout=resolve_max_seqlens(layout))
     return FAMILIES.choose("backward", q, call).backward(call)  # type: ignore[no-any-return]
+
+
+def backward_delta(call: BackwardCall) -> Tensor:
+    """``rowsum(dO * out)`` (fp32, shaped like ``lse``) on ``call.layout``'s real query rows (other
+    rows unspecified), to pass as :attr:`BackwardCall.delta` to backward calls over those rows:
+    one preprocess launch instead of one per call (the ring's steps). The tl kernels' preprocess
+    computes it for either family (or the reference, where that runs); no device reads."""
+    q = call.saved.q
+    if FAMILIES.runs_reference("backward", q):
+        return reference.backward_delta(call)
+    layout = call.layout
+    if layout.max_seqlen_q is None or layout.max_seqlen_kv is None:
+        call = call._replace(layout=resolve_max_seqlens(layout))
+    return _load_tl().backward_delta(call)  # type: ignore[no-any-return]
+
+
+def _check_delta(delta: Tensor, lse: Tensor) -> None:
+    like_lse = delta.dtype == torch.float32 and delta.shape == lse.shape and delta.device == lse.device
+    if not like_lse or not delta.is_contiguous():
+        raise ThdValueError(
+            f"backward: delta must be contiguous float32 shaped like lse {tuple(lse.shape)} on {lse.device}; "
+            f"got {delta.dtype} {tuple(delta.shape)} on {delta.device} (contiguous: {delta.is_contiguous()})"
+        )

@@ -405,6 +405,7 @@ PLAN_LIMIT = 256
 """Plans kept per phase; all are dropped when a new one would exceed it."""
 _FORWARD_PLANS: dict[tuple, _Launch] = {}
 _BACKWARD_PLANS: dict[tuple, _BackwardPlan] = {}
+_DELTA_PLANS: dict[tuple, _Preprocess] = {}
 # Each kernel's head (the call's tensors, layout tensors last) ends where its sizes begin.
 _FWD_HEAD = FWD_ARGS.index("rows_q")
 _PREPROCESS_HEAD = PREPROCESS_ARGS.index("rows_q")
@@ -416,6 +417,7 @@ def clear_plans() -> None:
     """Forget every cached plan (the next call of each key builds its plan again)."""
     _FORWARD_PLANS.clear()
     _BACKWARD_PLANS.clear()
+    _DELTA_PLANS.clear()
 
 
 def plan_counts() -> tuple[int, int]:
@@ -578,7 +580,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     ``accumulate=(dq, dk, dv)`` (fp32, shaped like q, k, v): add this launch's gradients to those
     buffers on its real rows only (every other row is left as it is) and return them.
     """
-    do, (q, k, v, out, lse, sinks), _, options, accumulate = call
+    do, (q, k, v, out, lse, sinks), _, options, accumulate, given_delta = call
     do, q, k, v, out = (_rows_major(t) for t in (do, q, k, v, out))
     lse = lse.contiguous()
     if SETTINGS.autotune:
@@ -586,12 +588,13 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     dq_mode = tiles.dq_mode(options.deterministic)
     # atomics add into an accumulated fp32 dq buffer as they would into a fresh one
     dq, dk, dv = gradient_buffers(call, atomic_dq=dq_mode > 0)
-    delta = torch.empty_like(lse)
+    shared_delta = given_delta is not None and sinks is None  # sinks: the preprocess makes dsinks too
+    delta = given_delta if shared_delta else torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     inputs = (q, k, v, do, lse, delta)
     plan, reused = _backward_plan(call, inputs, (dq, dk, dv), dq_mode)
     offsets = layout_tensors(call.layout)
-    if plan.preprocess is not None:
+    if plan.preprocess is not None and not shared_delta:
         rows = delta if dsink_rows is None else dsink_rows
         head = (out, do, delta, lse, out if sinks is None else sinks, rows, offsets[0], offsets[2])
         plan.preprocess.run(head, reused)
@@ -605,6 +608,32 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     return dq, dk, dv, dsinks
 
 
+def backward_delta(call: BackwardCall) -> Tensor:
+    """``rowsum(dO * out)`` on ``call.layout``'s real query rows, by the preprocess kernel alone
+    (see :func:`thd.ops.attention.dispatch.backward_delta`)."""
+    layout, out, lse = call.layout, _rows_major(call.saved.out), call.saved.lse.contiguous()
+    do = _rows_major(call.do)
+    delta = torch.empty_like(lse)
+    key = (*inputs_key(layout, call.options, out, do, lse), out.dtype)
+    plan = _DELTA_PLANS.get(key)
+    reused = plan is not None
+    if plan is None:
+        max_q = layout.max_seqlen_q
+        assert max_q is not None
+        if layout.num_seqs == 0 or max_q == 0 or out.shape[0] == 0:
+            return delta  # no real row
+        block = 64
+        plan = _Preprocess(
+            (_cdiv(max_q, block), out.shape[1], layout.num_seqs),
+            _preprocess_keywords(out.shape[2], max(16, _next_power_of_2(out.shape[2])), False, block),
+            preprocess_args(out, do, delta, lse, None, None, layout)[_PREPROCESS_HEAD:],
+        )
+        _remember(_DELTA_PLANS, key, plan, call.options)
+    offsets = layout_tensors(layout)
+    plan.run((out, do, delta, lse, out, delta, offsets[0], offsets[2]), reused)
+    return delta
+
+
 def _autotuned_backward(
     call: BackwardCall, do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -616,11 +645,12 @@ def _autotuned_backward(
     dq_mode = tiles.dq_mode(options.deterministic)
     atomic = dq_mode > 0
     dq, dk, dv = gradient_buffers(call, atomic_dq=atomic)
-    delta = torch.empty_like(lse)
+    shared_delta = call.delta is not None and sinks is None
+    delta = call.delta if shared_delta else torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     accumulating = accumulate is not None
     dq_meta = _meta("dq", call, accumulating)
-    if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
+    if num_seqs > 0 and max_q > 0 and q.shape[0] > 0 and not shared_delta:
         block = 64
         LAUNCHERS["preprocess"].run(
             (_cdiv(max_q, block), num_heads, num_seqs),

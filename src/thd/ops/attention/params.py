@@ -157,11 +157,15 @@ class ForwardCall(NamedTuple):
 
 
 class BackwardCall(NamedTuple):
-    """One backward: the output gradient ``do``, what the forward saved, where and what, and the
-    optional ``accumulate=(dq, dk, dv)`` (fp32 buffers shaped like q, k, v) to add the gradients to."""
+    """One backward: the output gradient ``do``, what the forward saved, where and what, the
+    optional ``accumulate=(dq, dk, dv)`` (fp32 buffers shaped like q, k, v) to add the gradients to,
+    and the optional ``delta``: ``rowsum(dO * out)`` (fp32, shaped like ``lse``) already computed
+    on this layout's real query rows (by :func:`thd.ops.attention.dispatch.backward_delta`, over
+    rows that include them), which spares the kernels' preprocess unless the call has sinks."""
 
     do: Tensor
     saved: SavedForBackward
     layout: VarlenLayout
     options: AttentionOptions
     accumulate: tuple[Tensor, Tensor, Tensor] | None = None
+    delta: Tensor | None = None

@@ -189,6 +189,19 @@ def _layout_spans(
 
 
 @torch.no_grad()
+def backward_delta(call: BackwardCall) -> Tensor:
+    """``rowsum(dO * out)`` (fp32, shaped like ``lse``) on the layout's real query rows, 0 elsewhere."""
+    do, out, layout = call.do, call.saved.out, call.layout
+    delta = torch.zeros(call.saved.lse.shape, dtype=torch.float32, device=out.device)
+    cu_q, slots_q = layout.cu_seqlens_q, layout.cu_seqlens_q_padded
+    q_spans, _ = _spans(out, out, cu_q, cu_q, slots_q, slots_q)
+    for q0, lq in q_spans:
+        rows = slice(q0, q0 + lq)
+        delta[:, rows] = (do[rows].float() * out[rows].float()).sum(-1).transpose(0, 1)
+    return delta
+
+
+@torch.no_grad()
 def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
     """Forward without autograd: ``(out, lse)``; with ``call.accumulate=(out, lse)`` the log-sum-exp
     merge of that partial result and this call's, written into it (the kernel families' contract)."""
@@ -214,7 +227,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     ``dq, dk, dv`` in the input dtypes, exact zeros on padding rows, and ``dsinks`` (or None).
     With ``call.accumulate=(dq, dk, dv)`` the gradients are added into those buffers instead.
     """
-    do, (q, k, v, out, lse, sinks), layout, options, accumulate = call
+    do, (q, k, v, out, lse, sinks), layout, options, accumulate, _ = call  # delta: recomputed
     softmax_scale = options.softmax_scale
     num_heads, group = q.shape[1], q.shape[1] // k.shape[1]
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)

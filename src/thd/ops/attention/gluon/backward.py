@@ -257,7 +257,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     from a cached plan (:func:`_plan`)."""
     from thd.ops.attention.gluon import backward_kernel as kernels
 
-    do, (q, k, v, out, lse, sinks), layout, options, accumulate = call
+    do, (q, k, v, out, lse, sinks), layout, options, accumulate, given_delta = call
     q, k, v, do = (_readable(t) for t in (q, k, v, do))
     out = out if out.stride(-1) == 1 else out.contiguous()
     lse = lse.contiguous()
@@ -268,11 +268,12 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     atomic = (ATOMIC_DQ_BY_HEAD_DIM[head_dim] if ATOMIC_DQ is None else ATOMIC_DQ) and not deterministic
     grads = gradient_buffers(call, atomic_dq=atomic)
     dq, dk, dv = grads
-    delta = torch.empty_like(lse)
+    shared_delta = given_delta is not None and sinks is None  # sinks: the preprocess makes dsinks too
+    delta = given_delta if shared_delta else torch.empty_like(lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     inputs = (q, k, v, do, lse, delta)  # the leading arguments of both kernels
     plan, reused = _plan(call, inputs, grads, atomic)
-    if plan.preprocess is not None:
+    if plan.preprocess is not None and not shared_delta:
         row_terms = (q if sinks is None else sinks, delta if dsink_rows is None else dsink_rows)
         head = (out, do, delta, lse, *row_terms, layout.cu_seqlens_q, layout.slots_q)
         plan.preprocess.run(kernels._preprocess_kernel, head, reused)
