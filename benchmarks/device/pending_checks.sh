@@ -6,7 +6,7 @@
 # the first two steps of call 1 (family tests passed, the forward's wait profile); the prefer-gluon
 # attention files of call 1 were cut by that call's own limit. Not run since: call 1's last step,
 # call 3, call 5.
-#   device: bash benchmarks/device/pending_checks.sh 1   (then 3; 5 after fa4-wheels.sh stage)
+#   device: bash benchmarks/device/pending_checks.sh 1   (then 3, 6; 5 after fa4-wheels.sh stage)
 # Call 1: the family GPU tests, the Gluon forward's wait profile on the merged order and staged
 #   output, then the prefer-gluon attention files.
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
@@ -18,6 +18,9 @@
 #   issue 24's variants goal on its own, every variant (window, window on one document, softcap,
 #   sinks) with the plain rows it is compared to, both thd families and FA4, with the budget the
 #   iteration's variants step lacks.
+# Call 6: issue 22's ring goal on one GPU after the shared backward delta (0b2611c): the ring (rank 0
+#   of cp = 2 alone, exchanges idle) against the single call, real launches, three alternating
+#   rounds (about four minutes).
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
@@ -26,7 +29,7 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
   PYTHONPATH=src:. timeout "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -rf "$@" 2>&1 | tail -8
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -35,7 +38,7 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5}" in
     --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" 2>&1 | tail -5
   echo "== prefer-gluon attention files $(date +%T)"
   THD_KERNELS=prefer-gluon gpu_tests 330 tests/ops/test_attention_gpu.py tests/ops/test_attention_variants_gpu.py \
-    tests/ops/test_attention_accumulate.py -k "not autotuned"
+    tests/ops/test_attention_accumulate.py tests/ops/test_backward_delta.py -k "not autotuned"
   ;;
 2)
   THD_KERNELS=prefer-gluon gpu_tests 580 tests/cp/test_ring_variants.py tests/cp/test_ring.py tests/cp/test_plan_cache.py
@@ -58,6 +61,14 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5}" in
     --out "$OUT/attention-variants-$(git rev-parse --short HEAD 2>/dev/null || echo unknown).json" \
     --providers thd-tl thd-gluon fa4 --layouts 32768:512-8192 --budget-s 420 --rep-ms 40 --trials 3 2>&1 | tail -3
   PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT"/attention-variants-*.json 2>&1 | tail -12
+  ;;
+6)
+  for round in 1 2 3; do
+    for ring in 0 2; do
+      PYTHONPATH=src:benchmarks:. timeout 100 python3 benchmarks/profile_host.py --launcher real --modes fwd fwd_bwd \
+        --ring "$ring" --calls 200 --rounds 3 --top 0 --json "$OUT/host-ring$ring-r$round.json" 2>&1 | grep -E '^fwd'
+    done
+  done
   ;;
 esac
 echo "== done $(date +%T)"
