@@ -21,11 +21,12 @@
 # Call 6: issue 22's ring goal on one GPU after the shared backward delta (0b2611c): the ring (rank 0
 #   of cp = 2 alone, exchanges idle) against the single call, real launches, three alternating
 #   rounds (about four minutes).
-# Call 7 (carry [".ab/fwd-exp2-poly"]; here first: mkdir -p .ab/fwd-exp2-poly && git archive
-#   fwd-exp2-poly src tests | tar -x -C .ab/fwd-exp2-poly): branch fwd-exp2-poly, the head dim 64
-#   forward with one softmax exp in four on the FMA pipe (MUFU.EX2 396 -> 300 compiled for sm_90),
-#   against this checkout, after the branch's own forward GPU tests. Worth it if the d64 forward's
-#   profile (ncu_backward.sh with NCU_KERNEL=fwd) shows the XU pipe near the tensor pipe.
+# Call 7 (carry [".ab/fwd-exp2-poly", ".ab/fwd-exp2-poly8"]; here first, for b in fwd-exp2-poly
+#   fwd-exp2-poly8: mkdir -p .ab/$b && git archive $b src tests | tar -x -C .ab/$b): branches
+#   fwd-exp2-poly / -poly8, the head dim 64 forward with one softmax exp in four / eight on the FMA
+#   pipe (MUFU.EX2 396 -> 300 / 348 compiled for sm_90), against this checkout, after each branch's
+#   forward GPU tests. Worth it if the d64 forward's profile (ncu_backward.sh with NCU_KERNEL=fwd)
+#   shows the XU pipe near the tensor pipe.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
@@ -76,8 +77,9 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7}" in
   done
   ;;
 7)
-  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,65536:25000-40000 128,32768:512-8192" AB_BUDGET_S=540 \
-    bash benchmarks/device/ab_gluon_forward.sh .ab/fwd-exp2-poly/src 2
+  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,65536:25000-40000" AB_BUDGET_S=540 \
+    AB_TEST_K="matches_reference or head_dims_and_groups or sinks or variants" \
+    bash benchmarks/device/ab_gluon_forward.sh .ab/fwd-exp2-poly/src,.ab/fwd-exp2-poly8/src 2
   ;;
 esac
 echo "== done $(date +%T)"
