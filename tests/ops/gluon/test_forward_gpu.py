@@ -416,3 +416,27 @@ def test_work_orders_change_the_order_not_the_result(
             assert torch.equal(ordered_out, out) and torch.equal(ordered_lse, lse)
     finally:
         gluon_forward.PLANS.clear()
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_nan_in_a_real_key_propagates(dim: int) -> None:
+    """NaN in one element of 16 consecutive real keys (every column position of a 16-column group,
+    so every register slot of a thread's scores): exactly the queries that see such a key get NaN
+    rows, as in the float64 reference; every other row keeps its value."""
+    _skip_unless_sm90()
+    layout = make_layout("nan-keys", [200, 90], capacity_q=3)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v, _ = make_qkv(layout, 4, 2, dim, dim, BF16, "cuda", generator=gen)
+    varlen = _varlen(layout)
+    options = AttentionOptions(dim**-0.5, causal=True)
+    for key in range(64, 80):  # sequence 0: queries key..199 see key (causal)
+        k[key, key % 2, key % dim] = float("nan")
+    out, lse = gluon_forward.forward(ForwardCall(q, k, v, varlen, options))
+    ref_out, ref_lse = _reference(q, k, v, varlen, options)
+    want_nan = ref_out.isnan()
+    assert bool(want_nan.any()) and not bool(want_nan.all())
+    assert torch.equal(out.isnan(), want_nan), "the NaN pattern differs from the reference"
+    assert torch.equal(lse.isnan(), ref_lse.isnan())
+    finite = ~want_nan
+    atol, rtol = OUT_TOL[BF16]
+    assert_close(out[finite], ref_out[finite].to(out.dtype), "out (finite part)", atol=atol, rtol=rtol)
