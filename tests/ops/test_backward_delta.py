@@ -93,7 +93,9 @@ def test_a_shared_delta_gives_the_gradients_of_the_call_own_preprocess(
         assert (a is None) == (b is None), name
         if a is None:
             continue
-        if name == "dq" and not deterministic:  # atomics: the order of the fp32 adds may differ
+        # On a GPU the shared delta comes from the tl preprocess while a Gluon backward's own comes
+        # from its kernel (sums in another order); dQ by atomics adds in any order.
+        if device == "cuda" or (name == "dq" and not deterministic):
             torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
         else:
             assert torch.equal(a, b), f"{name}: differs with the shared delta"
