@@ -8,7 +8,7 @@ from torch import Tensor
 
 from thd.ops.attention.params import BackwardCall, ForwardCall
 
-__all__ = ["forward_outputs", "gradient_buffers"]
+__all__ = ["delta_buffer", "forward_outputs", "gradient_buffers"]
 
 
 def forward_outputs(call: ForwardCall) -> tuple[Tensor, Tensor]:
@@ -30,6 +30,15 @@ def gradient_buffers(call: BackwardCall, *, atomic_dq: bool) -> tuple[Tensor, Te
     q, k, v = call.saved[:3]
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic_dq else _empty_like_rows(q)
     return dq, _empty_like_rows(k), _empty_like_rows(v)
+
+
+def delta_buffer(call: BackwardCall, lse: Tensor) -> tuple[Tensor, bool]:
+    """``(delta, given)``: ``call.delta`` and True when the call brings it and has no sinks (the
+    preprocess then does not run), else a fresh buffer shaped like ``lse`` for the preprocess and
+    False (with sinks the preprocess also writes the ``dsinks`` rows, so it runs)."""
+    if call.delta is not None and call.saved.sinks is None:
+        return call.delta, True
+    return torch.empty_like(lse), False
 
 
 def _empty_like_rows(x: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ from thd._runtime import tiles
 from thd._runtime.launcher import KernelLauncher
 from thd._runtime.tiles import SETTINGS
 from thd.ops.attention import kernels
-from thd.ops.attention.buffers import forward_outputs, gradient_buffers
+from thd.ops.attention.buffers import delta_buffer, forward_outputs, gradient_buffers
 from thd.ops.attention.params import AttentionOptions, BackwardCall, ForwardCall, VarlenLayout
 from thd.ops.attention.plan_keys import inputs_key
 
@@ -514,12 +514,7 @@ def _backward_plan(
     dq_meta = _meta("dq", call, accumulating)
     preprocess = None
     if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
-        block = 64
-        preprocess = _Preprocess(
-            (_cdiv(max_q, block), num_heads, num_seqs),
-            _preprocess_keywords(v.shape[2], int(dq_meta["BLOCK_DV"]), sinks is not None, block),
-            preprocess_args(out, do, delta, lse, sinks, None, layout)[_PREPROCESS_HEAD:],
-        )
+        preprocess = _preprocess_plan(layout, out, do, delta, lse, sinks)
     shared = backward_shared_args(inputs, layout, options)
     dkdv = None
     if k.shape[0] > 0:
@@ -580,7 +575,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     ``accumulate=(dq, dk, dv)`` (fp32, shaped like q, k, v): add this launch's gradients to those
     buffers on its real rows only (every other row is left as it is) and return them.
     """
-    do, (q, k, v, out, lse, sinks), _, options, accumulate, given_delta = call
+    do, (q, k, v, out, lse, sinks), _, options, accumulate, _ = call
     do, q, k, v, out = (_rows_major(t) for t in (do, q, k, v, out))
     lse = lse.contiguous()
     if SETTINGS.autotune:
@@ -588,8 +583,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     dq_mode = tiles.dq_mode(options.deterministic)
     # atomics add into an accumulated fp32 dq buffer as they would into a fresh one
     dq, dk, dv = gradient_buffers(call, atomic_dq=dq_mode > 0)
-    shared_delta = given_delta is not None and sinks is None  # sinks: the preprocess makes dsinks too
-    delta = given_delta if shared_delta else torch.empty_like(lse)
+    delta, shared_delta = delta_buffer(call, lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     inputs = (q, k, v, do, lse, delta)
     plan, reused = _backward_plan(call, inputs, (dq, dk, dv), dq_mode)
@@ -608,6 +602,19 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     return dq, dk, dv, dsinks
 
 
+def _preprocess_plan(
+    layout: VarlenLayout, out: Tensor, do: Tensor, delta: Tensor, lse: Tensor, sinks: Tensor | None
+) -> _Preprocess:
+    """The preprocess launch of a backward plan or of :func:`backward_delta` (``max_seqlen_q`` set)."""
+    block, head_dim_v = 64, out.shape[2]
+    assert layout.max_seqlen_q is not None
+    return _Preprocess(
+        (_cdiv(layout.max_seqlen_q, block), out.shape[1], layout.num_seqs),
+        _preprocess_keywords(head_dim_v, max(16, _next_power_of_2(head_dim_v)), sinks is not None, block),
+        preprocess_args(out, do, delta, lse, sinks, None, layout)[_PREPROCESS_HEAD:],
+    )
+
+
 def backward_delta(call: BackwardCall) -> Tensor:
     """``rowsum(dO * out)`` on ``call.layout``'s real query rows, by the preprocess kernel alone
     (see :func:`thd.ops.attention.dispatch.backward_delta`)."""
@@ -618,16 +625,9 @@ def backward_delta(call: BackwardCall) -> Tensor:
     plan = _DELTA_PLANS.get(key)
     reused = plan is not None
     if plan is None:
-        max_q = layout.max_seqlen_q
-        assert max_q is not None
-        if layout.num_seqs == 0 or max_q == 0 or out.shape[0] == 0:
+        if layout.num_seqs == 0 or not layout.max_seqlen_q or out.shape[0] == 0:
             return delta  # no real row
-        block = 64
-        plan = _Preprocess(
-            (_cdiv(max_q, block), out.shape[1], layout.num_seqs),
-            _preprocess_keywords(out.shape[2], max(16, _next_power_of_2(out.shape[2])), False, block),
-            preprocess_args(out, do, delta, lse, None, None, layout)[_PREPROCESS_HEAD:],
-        )
+        plan = _preprocess_plan(layout, out, do, delta, lse, None)
         _remember(_DELTA_PLANS, key, plan, call.options)
     offsets = layout_tensors(layout)
     plan.run((out, do, delta, lse, out, delta, offsets[0], offsets[2]), reused)
@@ -645,8 +645,7 @@ def _autotuned_backward(
     dq_mode = tiles.dq_mode(options.deterministic)
     atomic = dq_mode > 0
     dq, dk, dv = gradient_buffers(call, atomic_dq=atomic)
-    shared_delta = call.delta is not None and sinks is None
-    delta = call.delta if shared_delta else torch.empty_like(lse)
+    delta, shared_delta = delta_buffer(call, lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     accumulating = accumulate is not None
     dq_meta = _meta("dq", call, accumulating)

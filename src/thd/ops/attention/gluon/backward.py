@@ -17,7 +17,7 @@ from torch import Tensor
 
 from thd._runtime.config import kernel_settings
 from thd._runtime.launcher import ensure_scratch_allocator
-from thd.ops.attention.buffers import gradient_buffers
+from thd.ops.attention.buffers import delta_buffer, gradient_buffers
 from thd.ops.attention.gluon.host import (
     HEAD_DIMS,
     PlannedLaunch,
@@ -257,7 +257,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     from a cached plan (:func:`_plan`)."""
     from thd.ops.attention.gluon import backward_kernel as kernels
 
-    do, (q, k, v, out, lse, sinks), layout, options, accumulate, given_delta = call
+    do, (q, k, v, out, lse, sinks), layout, options, accumulate, _ = call
     q, k, v, do = (_readable(t) for t in (q, k, v, do))
     out = out if out.stride(-1) == 1 else out.contiguous()
     lse = lse.contiguous()
@@ -268,8 +268,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     atomic = (ATOMIC_DQ_BY_HEAD_DIM[head_dim] if ATOMIC_DQ is None else ATOMIC_DQ) and not deterministic
     grads = gradient_buffers(call, atomic_dq=atomic)
     dq, dk, dv = grads
-    shared_delta = given_delta is not None and sinks is None  # sinks: the preprocess makes dsinks too
-    delta = given_delta if shared_delta else torch.empty_like(lse)
+    delta, shared_delta = delta_buffer(call, lse)
     dsink_rows = torch.zeros_like(lse) if sinks is not None else None
     inputs = (q, k, v, do, lse, delta)  # the leading arguments of both kernels
     plan, reused = _plan(call, inputs, grads, atomic)
