@@ -21,12 +21,12 @@
 # Call 6: issue 22's ring goal on one GPU after the shared backward delta (0b2611c): the ring (rank 0
 #   of cp = 2 alone, exchanges idle) against the single call, real launches, three alternating
 #   rounds (about four minutes).
-# Call 7 (carry [".ab/fwd-exp2-poly", ".ab/fwd-exp2-poly8"]; here first, for b in fwd-exp2-poly
-#   fwd-exp2-poly8: mkdir -p .ab/$b && git archive $b src tests | tar -x -C .ab/$b): branches
-#   fwd-exp2-poly / -poly8, the head dim 64 forward with one softmax exp in four / eight on the FMA
-#   pipe (MUFU.EX2 396 -> 300 / 348 compiled for sm_90), against this checkout, after each branch's
-#   forward GPU tests. Worth it if the d64 forward's profile (ncu_backward.sh with NCU_KERNEL=fwd)
-#   shows the XU pipe near the tensor pipe.
+# Call 7 (carry [".ab"]; here first: bash benchmarks/device/pending_checks.sh trees): the head dim 64
+#   forward with one softmax exp2 in four / eight on the FMA pipe (exp2_mix.py; MUFU.EX2 420 -> 324 /
+#   372 in the SASS of Triton 3.6) against this checkout (none), trees .ab/poly4 and .ab/poly8 (this
+#   checkout's src with TILES[64].exp_poly set), after a quick forward test of the first.
+# Call 8: every GPU test under prefer-gluon, eight pytest workers (xdist; the compiles run in
+#   parallel and share the Triton cache on disk), FA4 tests skipped without the wheels.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
@@ -35,7 +35,16 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
   PYTHONPATH=src:. timeout "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -rf "$@" 2>&1 | tail -8
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|trees}" in
+trees)  # on the CPU machine: the exp trees of call 7
+  for every in 4 8; do
+    rm -rf ".ab/poly$every" && mkdir -p ".ab/poly$every" && cp -r src ".ab/poly$every/"
+    sed -i "s/consumer_regs=160, serpentine=True)/consumer_regs=160, serpentine=True, exp_poly=$every)/" \
+      ".ab/poly$every/src/thd/ops/attention/gluon/forward.py"
+    grep -c "exp_poly=$every)" ".ab/poly$every/src/thd/ops/attention/gluon/forward.py"
+  done
+  exit 0
+  ;;
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -77,9 +86,13 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7}" in
   done
   ;;
 7)
-  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,65536:25000-40000" AB_BUDGET_S=540 \
-    AB_TEST_K="matches_reference or head_dims_and_groups or sinks or variants or nan_in" \
-    bash benchmarks/device/ab_gluon_forward.sh .ab/fwd-exp2-poly/src,.ab/fwd-exp2-poly8/src 2
+  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,16384:64-1024 64,65536:25000-40000" AB_BUDGET_S=540 \
+    AB_TEST_ONLY_FIRST=1 AB_TEST_K="matches_reference and causal and bf16 and 64" \
+    bash benchmarks/device/ab_gluon_forward.sh .ab/poly4/src,.ab/poly8/src 2
+  ;;
+8)
+  THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout 540 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
+    --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
   ;;
 esac
 echo "== done $(date +%T)"

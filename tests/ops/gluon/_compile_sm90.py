@@ -89,6 +89,7 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
         "PACK": 1,
         "DYNAMIC": max(head_dim, head_dim_v) >= 128,  # as the tile table (forward.TILES) has it
         "PROFILE": False,
+        "EXP_POLY": 0,
     }
     meta.update(flags)
     if not meta["PROFILE"]:
@@ -155,6 +156,14 @@ CONFIGS: dict[str, Config] = {
         64, 64, "fp16", HAS_RIGHT=False, STAGES=3, SLOTS=False, BLOCK_M=192, NUM_WG=3, CONSUMER_REGS=160
     ),
     "d64-two-consumers": _forward(64, 64, STAGES=3),
+    "d64-causal-bf16": _forward(64, 64, BLOCK_M=192, STAGES=3, NUM_WG=3, CONSUMER_REGS=160, DYNAMIC=False),
+    "d64-causal-bf16-exp-poly4": _forward(
+        64, 64, BLOCK_M=192, STAGES=3, NUM_WG=3, CONSUMER_REGS=160, DYNAMIC=False, EXP_POLY=4
+    ),
+    "d64-causal-bf16-exp-poly8": _forward(
+        64, 64, BLOCK_M=192, STAGES=3, NUM_WG=3, CONSUMER_REGS=160, DYNAMIC=False, EXP_POLY=8
+    ),
+    "d128-causal-bf16-exp-poly4": _forward(EXP_POLY=4),
     "d128-variants-bf16": _forward(**_VARIANTS),
     "d256-causal-bf16": _forward(256, 256, BLOCK_N=32),
     "d256-variants-fp16": _forward(256, 256, "fp16", BLOCK_N=32, **_VARIANTS),
@@ -286,6 +295,7 @@ def _ptxas_stats(ptx: str) -> dict[str, int]:
         # (every product waited for at once: no wgmma overlaps another or the softmax)
         "wgmma_serialized": len(re.findall(r"C7512", text)),
         "exp2_before_last_wait": exp2_before_last_wait(sass),
+        "mufu_ex2": len(re.findall(r"MUFU\.EX2", sass)),
     }
 
 
