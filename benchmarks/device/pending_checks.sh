@@ -27,6 +27,9 @@
 #   checkout's src with TILES[64].exp_poly set), after a quick forward test of the first.
 # Call 8: every GPU test under prefer-gluon, eight pytest workers (xdist; the compiles run in
 #   parallel and share the Triton cache on disk), FA4 tests skipped without the wheels.
+# Call 9 (carry [".ab"], after `pending_checks.sh trees`): call 7 in a shorter form, after the GPU tests
+#   of the polynomial exp2 (through EXP_POLY, the same kernels the trees' tiles select) and of the
+#   shared backward delta, under eight pytest workers.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
@@ -35,7 +38,7 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
   PYTHONPATH=src:. timeout "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -rf "$@" 2>&1 | tail -8
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|trees}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|9|trees}" in
 trees)  # on the CPU machine: the exp trees of call 7
   for every in 4 8; do
     rm -rf ".ab/poly$every" && mkdir -p ".ab/poly$every" && cp -r src ".ab/poly$every/"
@@ -86,12 +89,20 @@ trees)  # on the CPU machine: the exp trees of call 7
   done
   ;;
 7)
-  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,16384:64-1024 64,65536:25000-40000" AB_BUDGET_S=540 \
+  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,65536:25000-40000" AB_BUDGET_S=540 \
     AB_TEST_ONLY_FIRST=1 AB_TEST_K="matches_reference and causal and bf16 and 64" \
     bash benchmarks/device/ab_gluon_forward.sh .ab/poly4/src,.ab/poly8/src 2
   ;;
+9)
+  echo "== exp2 and delta tests $(date +%T)"
+  PYTHONPATH=src:. timeout 170 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:benchmark --timeout 160 \
+    -rfE tests/ops/gluon/test_forward_gpu.py tests/ops/test_backward_delta.py \
+    -k "exp2_partly or nan_in or delta" 2>&1 | tail -6
+  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,65536:25000-40000" AB_BUDGET_S=380 AB_ROUND_S=45 \
+    AB_SKIP_TESTS=1 bash benchmarks/device/ab_gluon_forward.sh .ab/poly4/src,.ab/poly8/src 2
+  ;;
 8)
-  THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout 540 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider \
+  THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout 540 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:benchmark \
     --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
   ;;
 esac
