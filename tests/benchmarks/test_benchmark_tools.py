@@ -282,6 +282,7 @@ class _FakeChoice:
 def test_attention_thd_families_run_under_thd_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """``thd-tl`` / ``thd-gluon`` run with THD_KERNELS set around their calls only (restored after),
     record the family asked for and the one thd says ran; a family thd lacks is ``unavailable``."""
+    import importlib
     import types
 
     providers, measure, _ = _attention_modules(monkeypatch)
@@ -294,6 +295,10 @@ def test_attention_thd_families_run_under_thd_kernels(monkeypatch: pytest.Monkey
 
         def why_missing(self, name: str) -> str:
             return "ImportError: no gluon here"
+
+    # thd.attention's modules bind the real dispatch before the stand-in below replaces it (run first
+    # in a process, the test would otherwise import them against the stand-in)
+    importlib.import_module("thd.ops.attention.interface")
 
     fake = types.ModuleType("thd.ops.attention.dispatch")
     fake.FAMILIES = Families()  # type: ignore[attr-defined]

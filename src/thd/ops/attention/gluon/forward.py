@@ -37,7 +37,6 @@ __all__ = [
     "head_section",
     "packed_heads",
     "work_order",
-    "exp_poly",
     "GluonTile",
     "TILES",
     "forward",
@@ -69,17 +68,12 @@ class GluonTile(WarpSpecializedTile):
     head_section: int = 0
     dynamic: bool = False
     serpentine: bool = False
-    # One softmax exp2 in every ``exp_poly`` registers by a polynomial on the FMA pipe (4 or 8;
-    # ``exp2_mix.py``), 0: all on the multi-function unit.
-    exp_poly: int = 0
 
     @property
     def name(self) -> str:
         text = f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}c{self.consumers}"
         if self.maxnreg != 168 or self.ctas_per_sm != 1:
             text += f"r{self.maxnreg}p{self.ctas_per_sm}"
-        if self.exp_poly:
-            text += f"e{self.exp_poly}"
         return text
 
 
@@ -196,11 +190,6 @@ def work_order(tile: GluonTile) -> tuple[bool, bool]:
     return dynamic, serpentine and not dynamic
 
 
-def exp_poly(tile: GluonTile) -> int:
-    """One softmax ``exp2`` in how many on the FMA pipe: :data:`EXP_POLY` where set, else the tile's."""
-    return tile.exp_poly if EXP_POLY is None else EXP_POLY
-
-
 def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> _ForwardPlan:
     q, k, v, layout, options, sinks, accumulate = call
     num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], layout.num_seqs
@@ -252,7 +241,6 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         "PACK": pack,
         "DYNAMIC": dynamic,
         "PROFILE": False,
-        "EXP_POLY": exp_poly(tile),
         "maxnreg": tile.maxnreg,
     }
     return _ForwardPlan(tile, capacity, work_list, PlannedLaunch(grid, tail, keywords))
@@ -334,10 +322,6 @@ across programs however long their items take. ``None``: the tile's ``dynamic``.
 
 SERPENTINE: bool | None = None
 """Whether every other full round of the static order is taken in reverse. ``None``: the tile's."""
-
-EXP_POLY: int | None = None
-"""One softmax ``exp2`` in every ``EXP_POLY`` (4 or 8) by a polynomial on the FMA pipe, 0: none.
-``None``: the tile's ``exp_poly``."""
 
 WAIT_PROFILE: Tensor | None = None
 """An int64 buffer of ``(consumers + 1) x 16`` cycle counters: while set, every forward launch adds

@@ -43,7 +43,6 @@ from thd.ops.attention.gluon.compat import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from thd.ops.attention.gluon.exp2_mix import exp2_mixed
 from thd.ops.attention.gluon.tiles import key_tiles
 from thd.ops.attention.softmax_terms import fold_sink
 
@@ -357,7 +356,6 @@ def _softmax_step(
     HAS_RIGHT: gl.constexpr,
     SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr,
-    EXP_POLY: gl.constexpr,
 ):
     """Fold one tile of raw scores into the running ``(m_i, l_i)`` (log2 domain); returns the
     probabilities ``p`` (fp32), the new ``m_i``, ``l_i`` and the factor ``alpha`` of the old sums."""
@@ -380,7 +378,7 @@ def _softmax_step(
     m_new = gl.maximum(m_i, gl.max(s, 1) * scale)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_safe)
-    p = exp2_mixed(s * scale - gl.expand_dims(m_safe, 1), EXP_POLY)
+    p = gl.exp2(s * scale - gl.expand_dims(m_safe, 1))
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
 
@@ -446,7 +444,6 @@ def _consumer(
     args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
     WG: gl.constexpr, NUM_WG: gl.constexpr, PACK: gl.constexpr, PROFILE: gl.constexpr, DYNAMIC: gl.constexpr,
-    EXP_POLY: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
@@ -554,7 +551,7 @@ def _consumer(
             _release(k_empty.index(s_idx))  # K is read: its stage may take the next K
             p, m_i, l_i, alpha = _softmax_step(
                 s, m_i, l_i, a, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
-                BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, EXP_POLY,
+                BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE,
             )  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -589,7 +586,7 @@ def _consumer(
                 _release(k_empty.index(n_idx))  # K of tile j is read
                 p, m_i, l_i, alpha = _softmax_step(
                     s, m_i, l_i, kn, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
-                    BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, EXP_POLY,
+                    BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE,
                 )  # fmt: skip
                 if NUM_WG == 2:  # measured: +5 % at head dim 128; -9 % with three consumers
                     l_i = _after_softmax(l_i)
@@ -685,7 +682,6 @@ def attention_fwd_kernel(
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     SLOTS: gl.constexpr, PACK: gl.constexpr, DYNAMIC: gl.constexpr, PROFILE: gl.constexpr = False,
-    EXP_POLY: gl.constexpr = 0,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
     list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads), or with
@@ -754,11 +750,11 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 3, PACK, PROFILE, DYNAMIC, EXP_POLY)),
+                             ACCUMULATE, 0, 3, PACK, PROFILE, DYNAMIC)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 3, PACK, PROFILE, DYNAMIC, EXP_POLY)),
+                             ACCUMULATE, 1, 3, PACK, PROFILE, DYNAMIC)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 2, 3, PACK, PROFILE, DYNAMIC, EXP_POLY)),
+                             ACCUMULATE, 2, 3, PACK, PROFILE, DYNAMIC)),
                 (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE,
                              DYNAMIC)),
             ],
@@ -769,9 +765,9 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 2, PACK, PROFILE, DYNAMIC, EXP_POLY)),
+                             ACCUMULATE, 0, 2, PACK, PROFILE, DYNAMIC)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 2, PACK, PROFILE, DYNAMIC, EXP_POLY)),
+                             ACCUMULATE, 1, 2, PACK, PROFILE, DYNAMIC)),
                 (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE,
                              DYNAMIC)),
             ],
@@ -782,7 +778,7 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 1, PACK, PROFILE, DYNAMIC, EXP_POLY)),
+                             ACCUMULATE, 0, 1, PACK, PROFILE, DYNAMIC)),
                 (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE,
                              DYNAMIC)),
             ],
