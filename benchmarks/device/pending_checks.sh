@@ -5,8 +5,8 @@
 # last few percent (call 8); the shared-delta and host-time GPU tests passed (7); call 6 ran two of
 # its rounds (host-ring-real-3dd98b2-h100.json); the polynomial-exp2 A/B ran and lost (0.767 / 0.869x,
 # gluon-fwd-exp-poly-ab-h100.json; its code left main, see docs/gluon.md). Not run since: call 5;
-# call 8 to its end.
-#   device: bash benchmarks/device/pending_checks.sh 8   (then 5 after fa4-wheels.sh stage)
+# call 8 to its end; call 7 (new, compiled on the CPU only).
+#   device: bash benchmarks/device/pending_checks.sh 7   (then 8; 5 after fa4-wheels.sh stage)
 # Call 1: the family GPU tests, the Gluon forward's wait profile on the merged order and staged
 #   output, then the prefer-gluon attention files.
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
@@ -20,6 +20,13 @@
 #   iteration's variants step lacks.
 # Call 6: issue 22's ring goal on one GPU: the ring (rank 0 of cp = 2 alone, exchanges idle) against
 #   the single call, real launches, three alternating rounds (about four minutes).
+# Call 7 (carry [".ab"]; here first: bash benchmarks/device/pending_checks.sh trees): the head dim 64
+#   forward with its row sums on the tensor cores (ROWSUM_MMA: P @ ones[128, 8] issued before each
+#   P V; the softmax blocks' SASS 707 -> 635 instructions, FADD 426 -> 30, 80 bytes of spills outside
+#   the key loop, Triton 3.6), after its GPU tests (reference, NaN, accumulate) under xdist: this
+#   checkout (adds) against .ab/rowsum (its src with TILES[64].rowsum_mma = True). The polynomial
+#   exp2's A/B (gluon-fwd-exp-poly-ab-h100.json) says this forward's time follows its softmax's
+#   instruction count.
 # Call 8: every GPU test under prefer-gluon, twelve pytest workers (xdist: the compiles run in
 #   parallel and share the Triton cache on disk; pytest-benchmark off, its xdist warning is an error
 #   under our filterwarnings); SIGINT at the limit, so pytest still prints its summary. FA4 tests
@@ -32,7 +39,14 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
   PYTHONPATH=src:. timeout "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -rf "$@" 2>&1 | tail -8
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|trees}" in
+trees)  # on the CPU machine: call 7's tree
+  rm -rf .ab/rowsum && mkdir -p .ab/rowsum && cp -r src .ab/rowsum/
+  sed -i "s/consumer_regs=160, serpentine=True)/consumer_regs=160, serpentine=True, rowsum_mma=True)/" \
+    .ab/rowsum/src/thd/ops/attention/gluon/forward.py
+  grep -c "rowsum_mma=True)" .ab/rowsum/src/thd/ops/attention/gluon/forward.py
+  exit 0
+  ;;
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -72,6 +86,13 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8}" in
         --ring "$ring" --calls 200 --rounds 3 --top 0 --json "$OUT/host-ring$ring-r$round.json" 2>&1 | grep -E '^fwd'
     done
   done
+  ;;
+7)
+  echo "== row-sum tests $(date +%T)"
+  PYTHONPATH=src:. timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:benchmark --timeout 180 \
+    -rfE tests/ops/gluon/test_forward_gpu.py -k "row_sums or mma-sums" 2>&1 | tail -6
+  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,65536:25000-40000" AB_BUDGET_S=330 AB_ROUND_S=40 \
+    AB_SKIP_TESTS=1 bash benchmarks/device/ab_gluon_forward.sh .ab/rowsum/src 3
   ;;
 8)
   THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout -s INT -k 20 540 python3 -m pytest -q -m gpu -n 12 \

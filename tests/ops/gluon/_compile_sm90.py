@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 MARKERS = {
     "wgmma": r"wgmma\.mma_async",
+    "wgmma_n8": r"wgmma\.mma_async\.sync\.aligned\.m64n8k16",
     "wgmma_wait": r"wgmma\.wait_group\.sync\.aligned \d",
     "wgmma_wait1": r"wgmma\.wait_group\.sync\.aligned\s+1",
     "tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global\.mbarrier::complete_tx",
@@ -89,6 +90,7 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
         "PACK": 1,
         "DYNAMIC": max(head_dim, head_dim_v) >= 128,  # as the tile table (forward.TILES) has it
         "PROFILE": False,
+        "ROWSUM_MMA": False,
     }
     meta.update(flags)
     if not meta["PROFILE"]:
@@ -156,6 +158,10 @@ CONFIGS: dict[str, Config] = {
     ),
     "d64-two-consumers": _forward(64, 64, STAGES=3),
     "d64-causal-bf16": _forward(64, 64, BLOCK_M=192, STAGES=3, NUM_WG=3, CONSUMER_REGS=160, DYNAMIC=False),
+    "d64-causal-bf16-rowsum-mma": _forward(
+        64, 64, BLOCK_M=192, STAGES=3, NUM_WG=3, CONSUMER_REGS=160, DYNAMIC=False, ROWSUM_MMA=True
+    ),
+    "d128-causal-bf16-rowsum-mma": _forward(ROWSUM_MMA=True),
     "d128-variants-bf16": _forward(**_VARIANTS),
     "d256-causal-bf16": _forward(256, 256, BLOCK_N=32),
     "d256-variants-fp16": _forward(256, 256, "fp16", BLOCK_N=32, **_VARIANTS),
@@ -288,6 +294,7 @@ def _ptxas_stats(ptx: str) -> dict[str, int]:
         "wgmma_serialized": len(re.findall(r"C7512", text)),
         "exp2_before_last_wait": exp2_before_last_wait(sass),
         "mufu_ex2": len(re.findall(r"MUFU\.EX2", sass)),
+        "fadd": len(re.findall(r"\bFADD\b", sass)),
     }
 
 
