@@ -3,6 +3,11 @@ VENV        ?= .venv
 VENV36      ?= .venv-triton36
 PY          := $(VENV)/bin/python
 GPU_PY      ?= python3
+# GPU suites in parallel pytest workers where the machine has pytest-xdist (the kernel compiles dominate
+# and share Triton's on-disk cache); GPU_WORKERS=0 runs them in one process. pytest-benchmark, where
+# installed, is off: its xdist warning would be an error under filterwarnings.
+GPU_WORKERS ?= 8
+GPU_XDIST    = $(if $(filter-out 0,$(GPU_WORKERS)),$(shell $(GPU_PY) -c 'import xdist' >/dev/null 2>&1 && echo "-n $(GPU_WORKERS) -p no:benchmark"))
 PYTEST_ARGS ?=
 TORCH_PIN   ?= torch==2.13.0
 RELEASE_DEPS := packaging==26.4 build==1.6.1 "wheel>=0.48" "setuptools>=75.8.1" isal==1.9.1
@@ -45,12 +50,12 @@ test: setup ## all CPU tests (Triton interpreter, gloo; Gluon compiled for sm_90
 	TRITON_INTERPRET=1 THD_TRITON36_PYTHON=$(CURDIR)/$(VENV36)/bin/python $(PY) -m pytest -q -n 2 -m "not gpu" $(PYTEST_ARGS) tests
 
 test-gpu: ## GPU tests on a CUDA machine (machine's python3; FA4 oracle if on PYTHONPATH); then attention with THD_AUTOTUNE=1
-	THD_AUTOTUNE=0 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider --ignore=tests/release -k "not autotuned" $(PYTEST_ARGS) tests; default_tiles=$$?; \
+	THD_AUTOTUNE=0 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider $(GPU_XDIST) --ignore=tests/release -k "not autotuned" $(PYTEST_ARGS) tests; default_tiles=$$?; \
 	THD_AUTOTUNE=1 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider -k "autotuned or benchmark_shapes" $(PYTEST_ARGS) tests/ops/test_attention_gpu.py; autotuned=$$?; \
 	$(MAKE) --no-print-directory test-gpu-gluon; gluon=$$?; \
 	test $$default_tiles -eq 0 && test $$autotuned -eq 0 && test $$gluon -eq 0
 test-gpu-gluon: ## the attention, ring and integration GPU tests again with THD_KERNELS=prefer-gluon (Gluon wherever it runs the call)
-	THD_KERNELS=prefer-gluon THD_AUTOTUNE=0 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider -k "not autotuned" $(PYTEST_ARGS) tests/ops tests/cp tests/integrations
+	THD_KERNELS=prefer-gluon THD_AUTOTUNE=0 PYTHONPATH=src:.$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider $(GPU_XDIST) -k "not autotuned" $(PYTEST_ARGS) tests/ops tests/cp tests/integrations
 
 wheel: setup-release ## dev wheel of the default flavor (+g<sha> local label), verified, in dist-dev/
 	$(PY) -m release wheel --outdir $(DEV_OUTDIR) $(if $(SHORT_SHA),--local g$(SHORT_SHA))
