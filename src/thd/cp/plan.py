@@ -242,7 +242,8 @@ def build_plan(request: PlanRequest) -> RingPlan:
     bounds_q = _bounds(max_q, request.max_slot_q, cp, exact)
     bounds_kv = _bounds(max_kv, request.max_slot_kv, cp, exact)
     window = (options.window_left, -1 if causal else options.window_right)
-    full_q, cupl_q = _local(tables, cp, r)[:2]
+    local = _local(tables, cp, r)
+    full_q, cupl_q = local[:2]
     rows = VarlenLayout(full_q, full_q, cupl_q, cupl_q, bounds_q.full, bounds_q.full)
     if window != (-1, -1):
         pairs, sink_chunks = _window_pairs(request, window)
@@ -254,7 +255,7 @@ def build_plan(request: PlanRequest) -> RingPlan:
     # each launch's own bottom-right alignment.
     steps = _plain_steps(request, tables, bounds_q, bounds_kv)
     options = replace(options, window_size=(-1, -1))
-    return RingPlan(cp, r, exact, exact, options, steps, *_local(tables, cp, r), query_rows=rows)
+    return RingPlan(cp, r, exact, exact, options, steps, *local, query_rows=rows)
 
 
 def _local(tables: _Tables, cp: int, r: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
