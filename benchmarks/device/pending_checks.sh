@@ -90,7 +90,7 @@ trees)  # on the CPU machine: call 7's tree
 7)
   echo "== row-sum tests $(date +%T)"
   PYTHONPATH=src:. timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:benchmark --timeout 180 \
-    -rfE tests/ops/gluon/test_forward_gpu.py -k "row_sums or mma-sums" 2>&1 | tail -6
+    -rfE tests/ops/gluon/test_forward_gpu.py -k "row_sums or mma-sums" > "$OUT/rowsum-tests.log" 2>&1; tail -6 "$OUT/rowsum-tests.log"
   AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,65536:25000-40000" AB_BUDGET_S=330 AB_ROUND_S=40 \
     AB_SKIP_TESTS=1 bash benchmarks/device/ab_gluon_forward.sh .ab/rowsum/src 3
   ;;

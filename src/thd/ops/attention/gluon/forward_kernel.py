@@ -485,6 +485,9 @@ def _consumer(
     )
     pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
     row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
+    ones_t = ones_smem
+    if ROWSUM_MMA:
+        ones_t = ones_smem.permute((1, 0))  # [BLOCK_N, 8], read as K's tiles are
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     # The output through shared memory (this warpgroup's rows of the item's Q buffer, free once its
@@ -598,7 +601,7 @@ def _consumer(
                     q_buf, k_smem.index(n_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
                 )
                 if ROWSUM_MMA:  # before P V, so that the wait below leaves only P V in flight
-                    l_acc = warpgroup_mma(gl.convert_layout(p_op, pl_layout), ones_smem, l_acc, is_async=True)
+                    l_acc = warpgroup_mma(gl.convert_layout(p_op, pl_layout), ones_t, l_acc, is_async=True)
                 acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
                 _pass_turn(turns, WG, NUM_WG)
                 if PROFILE:
@@ -641,7 +644,7 @@ def _consumer(
                 c_v += (g1 - g0).to(gl.int32)
                 c_turn += (g2 - g1).to(gl.int32)
             if ROWSUM_MMA:
-                l_acc = warpgroup_mma(gl.convert_layout(p_op, pl_layout), ones_smem, l_acc, is_async=True)
+                l_acc = warpgroup_mma(gl.convert_layout(p_op, pl_layout), ones_t, l_acc, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG)
             if PROFILE:
@@ -765,11 +768,13 @@ def attention_fwd_kernel(
         mbarrier.init(k_empty.index(i), count=NUM_WG)
         mbarrier.init(v_empty.index(i), count=NUM_WG)
     ones_smem = items  # a placeholder where ROWSUM_MMA is off (the consumers then never read it)
-    if ROWSUM_MMA:  # the B operand of the row sums P @ ones: [BLOCK_N, 8] ones, written once
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 8], dtype)
-        ones_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, 8], ones_layout)
-        fill: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [gl.num_warps(), 1], [1, 0])
-        ones_smem.store(gl.full([BLOCK_N, 8], 1.0, dtype, layout=fill))
+    if ROWSUM_MMA:  # the B operand of the row sums P @ ones: ones[8, BLOCK_N], keys contiguous as
+        # K's tiles (the consumers read its transpose); written once. Keys-major, not [BLOCK_N, 8]
+        # rows of 16 bytes: Triton 3.6's descriptor for that unswizzled layout gave wrong sums (H100).
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
+        ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout)
+        fill: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, gl.num_warps()], [1, 0])
+        ones_smem.store(gl.full([8, BLOCK_N], 1.0, dtype, layout=fill))
     fence_async_shared()
 
     # In Triton 3.6 a tuple bound to a name inside the kernel turns its constexprs into values
