@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[3]
 MARKERS = {
     "wgmma": r"wgmma\.mma_async",
     "wgmma_n8": r"wgmma\.mma_async\.sync\.aligned\.m64n8k16",
+    # an 8-column product whose B operand is read transposed (imm-trans-b = 1, its last operand)
+    "wgmma_n8_trans_b": r"wgmma\.mma_async\.sync\.aligned\.m64n8k16[^;]*,\s*1;",
     "wgmma_wait": r"wgmma\.wait_group\.sync\.aligned \d",
     "wgmma_wait1": r"wgmma\.wait_group\.sync\.aligned\s+1",
     "tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global\.mbarrier::complete_tx",

@@ -770,7 +770,7 @@ def attention_fwd_kernel(
     ones_smem = items  # a placeholder where ROWSUM_MMA is off (the consumers then never read it)
     if ROWSUM_MMA:  # the B operand of the row sums P @ ones: ones[8, BLOCK_N], keys contiguous as
         # K's tiles (the consumers read its transpose); written once. Keys-major, not [BLOCK_N, 8]
-        # rows of 16 bytes: Triton 3.6's descriptor for that unswizzled layout gave wrong sums (H100).
+        # rows of 16 bytes: that layout (unswizzled, read transposed) gave wrong sums on an H100.
         ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
         ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout)
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, gl.num_warps()], [1, 0])
