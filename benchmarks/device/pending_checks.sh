@@ -41,6 +41,19 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
   local budget=$1; shift
   PYTHONPATH=src:. timeout "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -rf "$@" 2>&1 | tail -8
 }
+rowsum_tests() {  # $1: seconds; the row-sum GPU tests under xdist, their log kept in $OUT
+  PYTHONPATH=src:. timeout "$1" python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+    --timeout $(($1 - 10)) -rfE tests/ops/gluon/test_forward_gpu.py -k "row_sums or mma-sums" > "$OUT/rowsum-tests.log" 2>&1
+  tail -6 "$OUT/rowsum-tests.log"
+}
+rowsum_ab() {  # $1: timing rounds, $2: their budget in seconds
+  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,65536:25000-40000" AB_BUDGET_S=$2 AB_ROUND_S=40 \
+    AB_SKIP_TESTS=1 bash benchmarks/device/ab_gluon_forward.sh .ab/rowsum/src "$1"
+}
+prefer_gluon_suite() {  # $1: seconds; SIGINT at the limit, so pytest still prints its summary
+  THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout -s INT -k 20 "$1" python3 -m pytest -q -m gpu -n 12 \
+    -p no:cacheprovider -p no:benchmark --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
+}
 nvidia-smi --query-gpu=name --format=csv,noheader
 case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|9|trees}" in
 trees)  # on the CPU machine: call 7's tree
@@ -92,26 +105,20 @@ trees)  # on the CPU machine: call 7's tree
   ;;
 7)
   echo "== row-sum tests $(date +%T)"
-  PYTHONPATH=src:. timeout 200 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider -p no:benchmark --timeout 180 \
-    -rfE tests/ops/gluon/test_forward_gpu.py -k "row_sums or mma-sums" > "$OUT/rowsum-tests.log" 2>&1; tail -6 "$OUT/rowsum-tests.log"
-  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,65536:25000-40000" AB_BUDGET_S=330 AB_ROUND_S=40 \
-    AB_SKIP_TESTS=1 bash benchmarks/device/ab_gluon_forward.sh .ab/rowsum/src 3
+  rowsum_tests 200
+  rowsum_ab 3 330
   ;;
 9)  # 7 with two rounds, then 8 for what is left of 560 s (device starts were scarce: one call)
   started=$(date +%s)
   echo "== row-sum tests $(date +%T)"
-  PYTHONPATH=src:. timeout 150 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark --timeout 140 \
-    -rfE tests/ops/gluon/test_forward_gpu.py -k "row_sums or mma-sums" > "$OUT/rowsum-tests.log" 2>&1; tail -6 "$OUT/rowsum-tests.log"
-  AB_ROWS="64,32768:512-8192 64,16384:256-4096 64,65536:25000-40000" AB_BUDGET_S=200 AB_ROUND_S=40 \
-    AB_SKIP_TESTS=1 bash benchmarks/device/ab_gluon_forward.sh .ab/rowsum/src 2
+  rowsum_tests 150
+  rowsum_ab 2 200
   left=$((560 - $(date +%s) + started))
   echo "== every GPU test under prefer-gluon, ${left} s $(date +%T)"
-  THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout -s INT -k 15 "$left" python3 -m pytest -q -m gpu -n 12 \
-    -p no:cacheprovider -p no:benchmark --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
+  prefer_gluon_suite "$left"
   ;;
 8)
-  THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout -s INT -k 20 540 python3 -m pytest -q -m gpu -n 12 \
-    -p no:cacheprovider -p no:benchmark --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
+  prefer_gluon_suite 540
   ;;
 esac
 echo "== done $(date +%T)"

@@ -460,7 +460,7 @@ def _consumer(
     (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h, work, total, sm_scale, softcap, prof_ptr, items,
-        item_bars, ticket_ptr, ones_smem,
+        item_bars, ticket_ptr, ones_t,
     ) = args  # fmt: skip
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     BLOCK_M: gl.constexpr = PARTS * q_smem.shape[1]
@@ -485,9 +485,6 @@ def _consumer(
     )
     pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
     row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
-    ones_t = ones_smem
-    if ROWSUM_MMA:
-        ones_t = ones_smem.permute((1, 0))  # [BLOCK_N, 8], read as K's tiles are
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     # The output through shared memory (this warpgroup's rows of the item's Q buffer, free once its
@@ -767,7 +764,7 @@ def attention_fwd_kernel(
         mbarrier.init(v_full.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=NUM_WG)
         mbarrier.init(v_empty.index(i), count=NUM_WG)
-    ones_smem = items  # a placeholder where ROWSUM_MMA is off (the consumers then never read it)
+    ones_t = items  # a placeholder where ROWSUM_MMA is off (the consumers then never read it)
     if ROWSUM_MMA:  # the B operand of the row sums P @ ones: ones[8, BLOCK_N], keys contiguous as
         # K's tiles (the consumers read its transpose); written once. Keys-major, not [BLOCK_N, 8]
         # rows of 16 bytes: that layout (unswizzled, read transposed) gave wrong sums on an H100.
@@ -775,6 +772,7 @@ def attention_fwd_kernel(
         ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout)
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, gl.num_warps()], [1, 0])
         ones_smem.store(gl.full([8, BLOCK_N], 1.0, dtype, layout=fill))
+        ones_t = ones_smem.permute((1, 0))  # [BLOCK_N, 8], read as K's tiles are
     fence_async_shared()
 
     # In Triton 3.6 a tuple bound to a name inside the kernel turns its constexprs into values
@@ -787,7 +785,7 @@ def attention_fwd_kernel(
     consumer = (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h, work, total, sm_scale, softcap, prof_ptr, items,
-        item_bars, count_ptr + 1, ones_smem,
+        item_bars, count_ptr + 1, ones_t,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
