@@ -9,7 +9,8 @@ then called back to back between one pair of CUDA events; each record also holds
 difference to the tl gradients (a provider that fails, e.g. a tile over the shared memory, is a
 record with its error). ``--dkdv-tiles`` / ``--dq-tiles`` sweep tiles (``BMxBNsSTAGEScCONSUMERS[rREGS]``,
 REGS the second consumer partition's registers): ``gluon-dkdv-<SPEC>`` is ``gluon`` with that dK/dV
-tile at every head dim, ``gluon-dq-<SPEC>`` ``gluon-split-dq`` with that dQ tile.
+tile at every head dim (``p`` after the spec: as persistent programs), ``gluon-dq-<SPEC>``
+``gluon-split-dq`` with that dQ tile.
 TFLOP/s count the backward as 2.5x the causal forward on real tokens.
 
     python benchmarks/bench_gluon_bwd.py --out benchmarks/results/gluon-bwd.json
@@ -79,12 +80,13 @@ PROVIDERS: dict[str, tuple[bool | None, dict] | None] = {
 
 
 def _tile(text: str) -> gluon_backward.GluonTile:
-    """``BMxBNsSTAGEScCONSUMERS[rREGS]`` (e.g. ``64x128s2c2``, ``64x128s3c2r232``): a tile either kernel
-    can be specialized for (which of them compiles, and in how much shared memory, the run says)."""
-    m = re.fullmatch(r"(\d+)x(\d+)s(\d+)c(\d+)(?:r(\d+))?", text)
+    """``BMxBNsSTAGEScCONSUMERS[rREGS][p]`` (e.g. ``64x128s2c2``, ``64x128s3c2r232``, ``128x128s2c2p``;
+    ``p``: the dK/dV kernel's persistent programs): a tile either kernel can be specialized for
+    (which of them compiles, and in how much shared memory, the run says)."""
+    m = re.fullmatch(r"(\d+)x(\d+)s(\d+)c(\d+)(?:r(\d+))?(p?)", text)
     if m is None:
         raise argparse.ArgumentTypeError(
-            f"expected BMxBNsSTAGEScCONSUMERS[rREGS], e.g. 64x128s2c2, got {text!r}"
+            f"expected BMxBNsSTAGEScCONSUMERS[rREGS][p], e.g. 64x128s2c2, got {text!r}"
         )
     bm, bn, stages, consumers = (int(g) for g in m.groups()[:4])
     regs = int(m[5]) if m[5] else None
@@ -107,13 +109,15 @@ def _tile(text: str) -> gluon_backward.GluonTile:
         consumers=consumers,
         num_stages=stages,
         consumer_regs=regs or 240,
+        persistent=m[6] == "p",
     )
 
 
 def _spec(tile: gluon_backward.GluonTile) -> str:
     """The tile as :func:`_tile` reads it (``rREGS`` only where not FA3's 240)."""
     regs = f"r{tile.consumer_regs}" if tile.consumer_regs != 240 else ""
-    return f"{tile.block_m}x{tile.block_n}s{tile.num_stages}c{tile.consumers}{regs}"
+    persistent = "p" if tile.persistent else ""
+    return f"{tile.block_m}x{tile.block_n}s{tile.num_stages}c{tile.consumers}{regs}{persistent}"
 
 
 def _docs(text: str) -> tuple[int, int]:

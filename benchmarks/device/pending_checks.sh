@@ -30,6 +30,9 @@
 #   exp2's A/B (gluon-fwd-exp-poly-ab-h100.json) says this forward's time follows its softmax's
 #   instruction count.
 # Call 9 (carry [".ab"], after `trees`): call 7 with two timing rounds, then call 8 for the rest of 560 s.
+# Call 10 (fourteenth session): the persistent dK/dV programs (backward.PERSISTENT, off in every
+#   tile; compiled on the CPU only): their GPU tests, then the backward alone against the per-tile
+#   programs and tl, head dims 64 and 128, short and long documents, one process per layout.
 # Call 8: every GPU test under prefer-gluon, twelve pytest workers (xdist: the compiles run in
 #   parallel and share the Triton cache on disk; pytest-benchmark off, its xdist warning is an error
 #   under our filterwarnings); SIGINT at the limit, so pytest still prints its summary. FA4 tests
@@ -55,7 +58,7 @@ prefer_gluon_suite() {  # $1: seconds; SIGINT at the limit, so pytest still prin
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|9|trees}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|9|10|trees}" in
 trees)  # on the CPU machine: call 7's tree
   rm -rf .ab/rowsum && mkdir -p .ab/rowsum && cp -r src .ab/rowsum/
   sed -i "s/consumer_regs=160, serpentine=True)/consumer_regs=160, serpentine=True, rowsum_mma=True)/" \
@@ -119,6 +122,21 @@ trees)  # on the CPU machine: call 7's tree
   ;;
 8)
   prefer_gluon_suite 540
+  ;;
+10)
+  echo "== persistent dK/dV tests $(date +%T)"
+  PYTHONPATH=src:. timeout 140 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+    --timeout 130 -rfE tests/ops/gluon/test_backward_gpu.py -k persistent > "$OUT/persistent-tests.log" 2>&1
+  tail -8 "$OUT/persistent-tests.log"
+  # LIMIT:DIM:TILE:TOKENS:DOCS; the first process of a head dim compiles tl's and both Gluon backwards
+  for run in 130:64:128x128s2c2p:16384:64-1024 80:64:128x128s2c2p:32768:512-8192 \
+             120:128:64x128s3c2p:16384:64-1024 90:128:64x128s3c2p:32768:512-8192; do
+    IFS=: read -r limit dim tile tokens docs <<< "$run"
+    echo "== backward alone, D$dim $tokens $docs $(date +%T)"
+    PYTHONPATH=src:benchmarks:. timeout "$limit" python3 benchmarks/bench_gluon_bwd.py --dims "$dim" \
+      --tokens "$tokens" --docs "$docs" --providers tl gluon --dkdv-tiles "$tile" --rep-ms 40 \
+      --out "$OUT/gluon-bwd-persistent-d$dim-$tokens-$docs.json" 2>&1 | grep -E '^D[0-9]'
+  done
   ;;
 esac
 echo "== done $(date +%T)"

@@ -27,6 +27,10 @@ def test_tile_specs_read_back(bench: types.ModuleType) -> None:
     assert bench._spec(tile) == "128x128s3c2r232"
     assert bench._spec(bench._tile("64x128s2c1")) == "64x128s2c1"
     assert bench._spec(bench._tile("64x128s2c2r240")) == "64x128s2c2"  # FA3's 240 is the default
+    assert not tile.persistent
+    persistent = bench._tile("128x128s2c2p")
+    assert persistent.persistent and (persistent.block_m, persistent.consumers) == (128, 2)
+    assert bench._spec(persistent) == "128x128s2c2p"
     assert bench._docs("64-1024") == (64, 1024)
 
 

@@ -115,13 +115,16 @@ _BACKWARD = {"GROUP": 1, "HAS_POSITIONS": False, "HAS_LEFT": False, "HAS_RIGHT":
 _RING = {"NUM_STAGES": 2, "NUM_WARPS": 8, "NUM_CONSUMERS": 1, "CONSUMER_REGS": 240, "PRODUCER_REGS": 24}
 
 
-def _dkdv(head_dim: int, dtype: str = "bf16", **flags: object) -> Config:
+def _dkdv(head_dim: int, dtype: str = "bf16", persistent: bool = False, **flags: object) -> Config:
     meta = {**_BACKWARD, "HEAD_DIM": head_dim, "DQ_ATOMIC": True, "BLOCK_M": 64, "BLOCK_N": 128, **_RING}
+    if persistent:
+        meta["SLOTS"] = True
     meta.update(flags)
     fp32 = {"lse_ptr", "delta_ptr"} | ({"dq_ptr"} if meta["DQ_ATOMIC"] else set())
     if meta["ACCUMULATE"]:
         fp32 |= {"dk_ptr", "dv_ptr"}
-    return Config("backward_kernel", "_dkdv_kernel", dtype, meta, frozenset(fp32), int(meta["NUM_WARPS"]))
+    kernel = "_dkdv_persistent_kernel" if persistent else "_dkdv_kernel"
+    return Config("backward_kernel", kernel, dtype, meta, frozenset(fp32), int(meta["NUM_WARPS"]))
 
 
 def _dq(head_dim: int, dtype: str = "bf16", **flags: object) -> Config:
@@ -198,6 +201,12 @@ CONFIGS: dict[str, Config] = {
     ),
     "dkdv-d64-2wg-split": _dkdv(64, **_DKDV_2WG[64], DQ_ATOMIC=False),
     "dkdv-d128-2wg-split": _dkdv(128, **_DKDV_2WG[128], DQ_ATOMIC=False),
+    "dkdv-d128-2wg-persistent": _dkdv(128, persistent=True, **_DKDV_2WG[128]),
+    "dkdv-d64-2wg-persistent": _dkdv(64, persistent=True, **_DKDV_2WG[64], SLOTS=False),
+    "dkdv-d128-2wg-persistent-gqa-window-accumulate": _dkdv(
+        128, persistent=True, **_DKDV_2WG[128], GROUP=4, HAS_LEFT=True, ACCUMULATE=True, HAS_POSITIONS=True
+    ),
+    "dkdv-d64-persistent-split": _dkdv(64, persistent=True, DQ_ATOMIC=False),
     "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
     "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
 }

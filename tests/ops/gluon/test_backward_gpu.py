@@ -6,13 +6,14 @@ Layouts: packed and padded slots with spare capacity, padding rows of q, k, v (a
 gradients must match on real rows and be exact zeros on padding rows. Both dQ paths run (fp32
 from the dK/dV kernel, forced through ``ATOMIC_DQ``: a TMA reduce-add per tile with two partitions,
 per-element atomics with one; its own kernel, the default and the
-deterministic path, which must be bitwise reproducible), and both consumer structures (two 4-warp
-partitions, the default tiles; one 8-warp partition, ``ONE_CONSUMER_TILES``).
+deterministic path, which must be bitwise reproducible), both consumer structures (two 4-warp
+partitions, the default tiles; one 8-warp partition, ``ONE_CONSUMER_TILES``) and both ways of
+running the dK/dV kernel (a program per key tile; persistent programs over a work list).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -107,6 +108,16 @@ def _both(do, q, k, v, out, lse, varlen, options, **kwargs):
     got = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options, **kwargs))
     tl_grads = tl_backward(do, q, k, v, out, lse, varlen, options, **kwargs)
     return got, tl_grads
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["per-tile", "persistent"])
+def dkdv_programs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[bool]:
+    """Every test runs with one dK/dV program per key tile and with the persistent programs over
+    the device-built list of key tiles (``backward.PERSISTENT``)."""
+    monkeypatch.setattr(gluon_backward, "PERSISTENT", request.param)
+    gluon_backward.PLANS.clear()
+    yield request.param
+    gluon_backward.PLANS.clear()
 
 
 @pytest.fixture
@@ -264,6 +275,33 @@ def test_one_consumer_partition(layout_name, causal, window, dim, heads, atomic,
     again = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
     for name, a, b in zip(GRADS, got[:3], again[:3], strict=True):
         assert atomic or torch.equal(a, b), f"{name} not reproducible"
+
+
+# Many short documents (one empty), slots padded: hundreds of (document, key tile, kv head) items.
+_MANY_LENGTHS = [(37 * i) % 300 + (0 if i == 5 else 1) for i in range(40)]
+LAYOUTS["many"] = make_layout("many", _MANY_LENGTHS, pad_q=[i % 3 * 7 for i in range(40)], capacity_q=33)
+
+
+@pytest.mark.parametrize("dkdv_programs", [True], ids=["persistent"], indirect=True)
+@pytest.mark.parametrize("programs", [None, 3], ids=["one-per-sm", "three"])
+@pytest.mark.parametrize(
+    ("dim", "heads", "atomic"), [(64, (8, 2), True), (128, (4, 4), True), (64, (4, 4), False)]
+)
+def test_many_items_per_persistent_program(programs, dim, heads, atomic, monkeypatch) -> None:
+    """Persistent programs run many items each (sequences and heads change between them; with
+    three programs, dozens per program): gradients as the reference's and tl's, padding zeros."""
+    if programs is not None:
+        monkeypatch.setattr(gluon_backward, "num_sms", lambda index: programs)
+    monkeypatch.setattr(gluon_backward, "ATOMIC_DQ", atomic)
+    layout = LAYOUTS["many"]
+    options = AttentionOptions(dim**-0.5, causal=True)
+    q, k, v, do, out, lse, varlen = _case(layout, heads, dim, torch.bfloat16, options)
+    got, tl_grads = _both(do, q, k, v, out, lse, varlen, options)
+    _check(layout, got, tl_grads, _reference_grads(q, k, v, do, layout, options))
+    (plan,) = gluon_backward.PLANS.values()
+    sms = programs or torch.cuda.get_device_properties(0).multi_processor_count
+    assert plan.work_list is not None
+    assert plan.dkdv.grid == (min(sms, plan.capacity * heads[1]),)
 
 
 def _supported(q: Tensor, k: Tensor, v: Tensor, layout: VarlenLayout, options: AttentionOptions) -> bool:

@@ -13,10 +13,10 @@ import torch
 pytest.importorskip("triton.experimental.gluon")
 
 from thd.ops.attention.gluon import backward as gluon_backward
-from thd.ops.attention.gluon import backward_kernel
+from thd.ops.attention.gluon import backward_kernel, work_lists
 from thd.ops.attention.params import AttentionOptions, BackwardCall, SavedForBackward, VarlenLayout
 
-KERNELS = ("_preprocess_kernel", "_dkdv_kernel", "_dq_kernel")
+KERNELS = ("_preprocess_kernel", "_dkdv_kernel", "_dq_kernel", "_dkdv_persistent_kernel")
 LAUNCH_OPTIONS = {"num_warps"}
 ARG_NAMES = {name: list(getattr(backward_kernel, name).arg_names) for name in KERNELS}
 
@@ -34,15 +34,28 @@ class _Recorder:
         return launch
 
 
+@pytest.fixture(params=[False, True], ids=["per-tile", "persistent"])
+def persistent(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The dK/dV kernel run as one program per key tile, or as persistent programs on a 4-SM
+    device (their work list built for real, by the interpreter)."""
+    monkeypatch.setattr(gluon_backward, "PERSISTENT", request.param)
+    monkeypatch.setattr(gluon_backward, "num_sms", lambda index: 4)
+    monkeypatch.setattr(gluon_backward, "device_index", lambda device: 0)
+    return request.param
+
+
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list]:
-    """The launches of every backward in the test, in order; no plan cached before or after."""
+    """The launches of every backward in the test, in order; no plan or work list cached before or
+    after."""
     recorded: list = []
     for name in KERNELS:
         monkeypatch.setattr(backward_kernel, name, _Recorder(name, recorded))
     gluon_backward.PLANS.clear()
+    work_lists.clear_work_lists()
     yield recorded
     gluon_backward.PLANS.clear()
+    work_lists.clear_work_lists()
 
 
 def _call(seed: int, lengths: tuple[int, ...], *, deterministic: bool, sinks: bool = False) -> BackwardCall:
@@ -76,10 +89,13 @@ def _launches(calls: list, call: BackwardCall) -> list:
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["split-dq", "atomic-dq"])
-def test_every_launch_passes_every_kernel_parameter(calls: list, deterministic: bool) -> None:
+def test_every_launch_passes_every_kernel_parameter(
+    calls: list, deterministic: bool, persistent: bool
+) -> None:
     gluon_backward.backward(_call(0, (70, 130), deterministic=deterministic, sinks=True))
     names = [name for name, *_ in calls]
-    assert names == (list(KERNELS) if deterministic else list(KERNELS[:2]))
+    dkdv = "_dkdv_persistent_kernel" if persistent else "_dkdv_kernel"
+    assert names == ["_preprocess_kernel", dkdv] + (["_dq_kernel"] if deterministic else [])
     for name, _, args, kwargs in calls:
         params = ARG_NAMES[name]
         assert sorted(params[len(args) :]) == sorted(set(kwargs) - LAUNCH_OPTIONS), name
@@ -87,7 +103,9 @@ def test_every_launch_passes_every_kernel_parameter(calls: list, deterministic: 
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["split-dq", "atomic-dq"])
-def test_a_call_with_new_tensors_of_the_same_shapes_reuses_the_plan(calls: list, deterministic: bool) -> None:
+def test_a_call_with_new_tensors_of_the_same_shapes_reuses_the_plan(
+    calls: list, deterministic: bool, persistent: bool
+) -> None:
     """Oracle: the launches a fresh plan makes for the same call (plans cleared first)."""
     _launches(calls, _call(0, (70, 130), deterministic=deterministic))
     assert len(gluon_backward.PLANS) == 1
@@ -98,7 +116,7 @@ def test_a_call_with_new_tensors_of_the_same_shapes_reuses_the_plan(calls: list,
     assert reused == _launches(calls, second)
 
 
-def test_other_calls_make_their_own_plan(calls: list) -> None:
+def test_other_calls_make_their_own_plan(calls: list, persistent: bool) -> None:
     base = _launches(calls, _call(0, (70, 130), deterministic=True))
     for other in (
         _call(0, (70, 130), deterministic=False),  # dQ added by the dK/dV kernel
@@ -115,3 +133,50 @@ def test_other_calls_make_their_own_plan(calls: list) -> None:
     )
     assert _launches(calls, window) != base
     assert len(gluon_backward.PLANS) == 2
+
+
+def _cross_call(lengths_q: tuple[int, ...], lengths_kv: tuple[int, ...], slots: bool) -> BackwardCall:
+    """A backward of ``q`` rows of ``lengths_q`` against ``k, v`` rows of ``lengths_kv``; with
+    ``slots``, every key slot 9 rows longer than its sequence and 5 spare rows after the last."""
+    gen = torch.Generator().manual_seed(0)
+    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_kv = torch.tensor([0, *torch.tensor(lengths_kv).cumsum(0).tolist()], dtype=torch.int32)
+    slots_kv = cu_kv + 9 * torch.arange(len(lengths_kv) + 1, dtype=torch.int32) if slots else None
+    rows_q, rows_kv = int(cu_q[-1]), int(cu_kv[-1]) + (9 * len(lengths_kv) + 5 if slots else 0)
+    q, do, out = (torch.randn(rows_q, 4, 64, dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    k, v = (torch.randn(rows_kv, 2, 64, dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    layout = VarlenLayout(
+        cu_q,
+        cu_kv,
+        cu_q if slots else None,
+        slots_kv,
+        max_seqlen_q=max(lengths_q),
+        max_seqlen_kv=max(lengths_kv),
+    )
+    saved = SavedForBackward(q, k, v, out, torch.randn(4, rows_q, generator=gen), None)
+    return BackwardCall(do, saved, layout, AttentionOptions(0.125, causal=True))
+
+
+@pytest.mark.parametrize("tiles", ["two-partitions", "one-partition"])
+@pytest.mark.parametrize("slots", [False, True])
+@pytest.mark.parametrize("persistent", [True], ids=["persistent"], indirect=True)
+def test_persistent_work_list_holds_every_key_tile_once(
+    calls: list, persistent: bool, slots: bool, tiles: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Oracle: the key tiles of 128 rows of each key sequence, counted from the lengths (the query
+    sequences differ; the one-partition tile has 64-row query tiles). The persistent kernel gets
+    the list of (sequence, tile) items longest first and at most one program per SM."""
+    if tiles == "one-partition":
+        monkeypatch.setattr(gluon_backward, "TILES", dict(gluon_backward.ONE_CONSUMER_TILES))
+    lengths_kv = (70, 300, 0, 129)
+    gluon_backward.backward(_cross_call((500, 10, 3, 200), lengths_kv, slots))
+    ((grid, args, kwargs),) = [(g, a, k) for name, g, a, k in calls if name == "_dkdv_persistent_kernel"]
+    names = ARG_NAMES["_dkdv_persistent_kernel"]
+    seq, blk, count = (args[names.index(name)] for name in ("seq_ptr", "blk_ptr", "count_ptr"))
+    tiles_per_sequence = [(length + 127) // 128 for length in lengths_kv]
+    items = [(int(b), int(t)) for b, t in zip(seq[: int(count[0])], blk[: int(count[0])], strict=True)]
+    assert sorted(items) == [(b, t) for b, n in enumerate(tiles_per_sequence) for t in range(n)]
+    assert [t for _, t in items] == sorted((t for _, t in items), reverse=True)  # longest first
+    assert grid == (4,)
+    assert kwargs["SLOTS"] is slots
+    assert args[names.index("num_kv_heads")] == 2 and args[names.index("num_seqs")] == len(lengths_kv)

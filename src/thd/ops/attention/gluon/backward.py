@@ -23,17 +23,21 @@ from thd.ops.attention.gluon.host import (
     PlannedLaunch,
     PlanTable,
     WarpSpecializedTile,
+    device_index,
+    num_sms,
     on_gluon_device,
     row_strides,
     same_dtype,
     sequence_args,
 )
+from thd.ops.attention.gluon.work_lists import planned_work_list
 from thd.ops.attention.params import BackwardCall
 from thd.ops.attention.plan_keys import inputs_key
 
 __all__ = [
     "ATOMIC_DQ",
     "ONE_CONSUMER_TILES",
+    "PERSISTENT",
     "PLANS",
     "TILES",
     "TWO_CONSUMER_TILES",
@@ -55,6 +59,13 @@ class GluonTile(WarpSpecializedTile):
 
     consumers: int = 1
     num_stages: int = 2
+    # Persistent dK/dV programs (one per SM) over a device-built list of (sequence, key tile, kv
+    # head) items, longest first (``backward_kernel._dkdv_persistent_kernel``), in static rounds of
+    # the heads in sections of ``head_section`` (0: all), every other round reversed with
+    # ``serpentine`` (``tiles.item_and_head``); else one program per key tile.
+    persistent: bool = False
+    head_section: int = 1
+    serpentine: bool = True
 
     @property
     def num_warps(self) -> int:
@@ -106,6 +117,9 @@ TILES = dict(TWO_CONSUMER_TILES if _SETTINGS.gluon_bwd_consumers == 2 else ONE_C
 # ``THD_GLUON_DQ_ATOMIC=0|1`` (read at import) fixes it.
 ATOMIC_DQ: bool | None = _SETTINGS.gluon_dq_atomic
 ATOMIC_DQ_BY_HEAD_DIM = {64: True, 128: True}
+PERSISTENT: bool | None = None
+"""Whether the dK/dV kernel runs persistent programs (:func:`persistent`). ``None``: the tile's.
+Read when a plan is made."""
 _PREPROCESS_ROWS = 64
 
 
@@ -150,12 +164,15 @@ def _readable(t: Tensor) -> Tensor:
 class _BackwardPlan(NamedTuple):
     """A backward's launches without the call's tensors (None: not launched), fixed by the plan's
     key (:func:`_plan_key`); ``tiles``: the table's entries it was made from (a changed table makes
-    a new plan)."""
+    a new plan). ``work_list``: the persistent dK/dV kernel's list of key tiles (``capacity``
+    items), None where one program per key tile runs."""
 
     tiles: tuple[GluonTile, GluonTile]
     preprocess: PlannedLaunch | None
     dkdv: PlannedLaunch | None
     dq: PlannedLaunch | None
+    work_list: PlannedLaunch | None = None
+    capacity: int = 0
 
 
 PLANS = PlanTable()
@@ -215,16 +232,32 @@ def _make_plan(
         "HAS_RIGHT": options.window_right >= 0,
         "ACCUMULATE": call.accumulate is not None,
     }
-    dkdv = None
+    dkdv = work_list = None
+    capacity = 0
     if k.shape[0] > 0:
         tile = tiles[0]
         if atomic and tile.consumers > 1 and not _tma_readable(dq):  # no TMA reduce-add: per-element atomics
             tile = replace(tile, consumers=1)
-        dkdv = PlannedLaunch(
-            (max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1),
-            (*sizes, *row_strides(dk, dv, dq), lse.stride(0), *window),
-            {**variant, "DQ_ATOMIC": atomic, **tile.constexprs(), "num_warps": tile.num_warps},
-        )
+        keywords = {**variant, "DQ_ATOMIC": atomic, **tile.constexprs(), "num_warps": tile.num_warps}
+        tail = (*sizes, *row_strides(dk, dv, dq), lse.stride(0), *window)
+        if persistent(tile) and num_seqs > 0:
+            rows_k = k.shape[0]
+            capacity = rows_k // tile.block_n + num_seqs + 1  # bounds the key tiles of any valid layout
+            work_list = PlannedLaunch(
+                (num_seqs,),
+                (num_seqs, rows_k, capacity),
+                {"BLOCK_M": tile.block_n, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
+            )
+            section = head_section(num_kv_heads, tile)
+            dkdv = PlannedLaunch(
+                (min(num_sms(device_index(k.device)), capacity * num_kv_heads),),
+                (*tail, num_seqs, num_kv_heads, section, int(tile.serpentine)),
+                {**keywords, "SLOTS": layout.cu_seqlens_kv_padded is not None},
+            )
+        else:
+            dkdv = PlannedLaunch(
+                (max(1, _cdiv(max_kv, tile.block_n)), num_kv_heads, num_seqs + 1), tail, keywords
+            )
     dq_launch = None
     if not atomic and q.shape[0] > 0:
         tile = tiles[1]
@@ -233,7 +266,20 @@ def _make_plan(
             (*sizes, *row_strides(dq), lse.stride(0), *window),
             {**variant, **tile.constexprs(), "num_warps": tile.num_warps},
         )
-    return _BackwardPlan(tiles, preprocess, dkdv, dq_launch)
+    return _BackwardPlan(tiles, preprocess, dkdv, dq_launch, work_list, capacity)
+
+
+def persistent(tile: GluonTile) -> bool:
+    """Whether the dK/dV kernel runs persistent programs: :data:`PERSISTENT` where set, else the
+    tile's."""
+    return tile.persistent if PERSISTENT is None else PERSISTENT
+
+
+def head_section(num_kv_heads: int, tile: GluonTile) -> int:
+    """KV heads per section of the persistent kernel's list: the largest divisor of
+    ``num_kv_heads`` up to the tile's ``head_section`` (0: all)."""
+    wanted = num_kv_heads if tile.head_section <= 0 else min(tile.head_section, num_kv_heads)
+    return max(d for d in range(1, wanted + 1) if num_kv_heads % d == 0)
 
 
 def _plan(call: BackwardCall, inputs: tuple, grads: tuple, atomic: bool) -> tuple[_BackwardPlan, bool]:
@@ -278,7 +324,10 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
         plan.preprocess.run(kernels._preprocess_kernel, head, reused)
     ensure_scratch_allocator()
     _, layout_args = sequence_args(layout)
-    if plan.dkdv is not None:
+    if plan.work_list is not None and plan.dkdv is not None:
+        work = planned_work_list(layout.cu_seqlens_kv, layout.slots_kv, plan.work_list, plan.capacity, reused)
+        plan.dkdv.run(kernels._dkdv_persistent_kernel, (*inputs, dk, dv, dq, *layout_args, *work), reused)
+    elif plan.dkdv is not None:
         plan.dkdv.run(kernels._dkdv_kernel, (*inputs, dk, dv, dq, *layout_args), reused)
     if atomic:
         dq = dq if accumulate is not None else dq.to(q.dtype)

@@ -48,10 +48,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from thd.ops.attention.geometry import padding_span, sequence_pair, span, visible
 from thd.ops.attention.gluon.compat import cta_barrier, tma_load, tma_reduce_add, tma_store_wait
-from thd.ops.attention.gluon.tiles import key_tiles, query_tiles, row_descriptor
+from thd.ops.attention.gluon.tiles import item_and_head, key_tiles, query_tiles, row_descriptor
 from thd.ops.attention.softmax_terms import store_delta
 
-__all__ = ["_dkdv_kernel", "_dq_kernel", "_preprocess_kernel"]
+__all__ = ["_dkdv_kernel", "_dkdv_persistent_kernel", "_dq_kernel", "_preprocess_kernel"]
 
 LOG2E = gl.constexpr(1.4426950408889634)
 # Every 16-bit tile here has rows of 64 or 128 elements (>= 128 bytes): the 128-byte swizzle.
@@ -64,16 +64,22 @@ _SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element
 @gluon.jit
 def _zero_padding(
     base_ptr, stride_t, cu_ptr, cup_ptr, b, num_seqs, num_rows,
-    WIDTH: gl.constexpr, BLOCK_R: gl.constexpr, NUM_WARPS: gl.constexpr,
+    WIDTH: gl.constexpr, BLOCK_R: gl.constexpr, NUM_WARPS: gl.constexpr, WHOLE: gl.constexpr = False,
 ):  # fmt: skip
-    """Zero this program's share of the padding rows of slot ``b`` (grid axis 0 splits them)."""
+    """Zero this program's share of the padding rows of slot ``b`` (``b == num_seqs``: the tail past
+    the last slot): grid axis 0 splits them, or with ``WHOLE`` this program zeroes them all."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
     lo, hi = padding_span(cu_ptr=cu_ptr, cup_ptr=cup_ptr, b=b, num_seqs=num_seqs, num_rows=num_rows)
     offs_r = gl.arange(0, BLOCK_R, layout=gl.SliceLayout(1, layout))
     offs_w = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
     zero = gl.zeros([BLOCK_R, WIDTH], base_ptr.dtype.element_ty, layout)
-    step = gl.num_programs(0) * BLOCK_R
-    for row0 in range(lo + gl.program_id(0) * BLOCK_R, hi, step):
+    if WHOLE:
+        first = lo
+        step = BLOCK_R
+    else:
+        first = lo + gl.program_id(0) * BLOCK_R
+        step = gl.num_programs(0) * BLOCK_R
+    for row0 in range(first, hi, step):
         rows = gl.expand_dims(row0 + offs_r, 1)
         ptrs = base_ptr + rows.to(gl.int64) * stride_t + gl.expand_dims(offs_w, 0)
         gl.store(ptrs, zero, mask=(rows < hi) & (gl.expand_dims(offs_w, 0) < WIDTH))
@@ -137,23 +143,92 @@ def _preprocess_kernel(
 
 
 @gluon.jit
-def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
-    """TMA loads: K and V of each key tile, then Q and dO of every visible query tile of each head,
-    and beside each Q tile its rows' ``lse`` (log2 domain, ``+inf`` where no key was seen or past
-    the sequence: P = 0 there) and ``delta`` into the stage's ``stats`` (the second arrival on
-    ``ready``), so the consumers keep no registers of them while their products issue.
+def _dkdv_key_tile_loads(
+    k_desc, v_desc, q_desc, do_desc, tile, buffers, it, j,
+    GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+):  # fmt: skip
+    """The copies of key tile ``n0`` (the program's ``j``-th): K and V once the consumers are done
+    with the previous one, then Q and dO of every visible query tile of each head of the group, and
+    beside each Q tile its rows' ``lse`` (log2 domain, ``+inf`` where no key was seen or past the
+    sequence: P = 0 there) and ``delta`` into the stage's ``stats`` (the second arrival on
+    ``ready``), so the consumers keep no registers of them while their products issue. Returns the
+    ring's next stage count ``it``."""
+    n0, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, q_start, lse_ptr, delta_ptr, stride_lse_h = tile
+    k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem = buffers
+    stat_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    HEAD_DIM: gl.constexpr = k_smem.shape[1]
+    NUM_STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    mbarrier.wait(kv_empty, (j & 1) ^ 1)
+    mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma_load(k_desc, [n0, kv_head * HEAD_DIM], kv_ready, k_smem)
+    tma_load(v_desc, [n0, kv_head * HEAD_DIM], kv_ready, v_smem)
+    a, _, _, end = query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    for g in range(GROUP):
+        col = (kv_head * GROUP + g) * HEAD_DIM
+        for m0 in range(a, end, BLOCK_M):
+            stage = it % NUM_STAGES
+            mbarrier.wait(empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
+            bar = ready.index(stage)
+            mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            tma_load(q_desc, [m0, col], bar, q_smem.index(stage))
+            tma_load(do_desc, [m0, col], bar, do_smem.index(stage))
+            rows = m0 + gl.arange(0, BLOCK_M, layout=stat_layout)
+            at = (kv_head * GROUP + g) * stride_lse_h + q_start + rows
+            lse = gl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
+            lse_smem.index(stage).store(gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E)
+            delta_smem.index(stage).store(gl.load(delta_ptr + at, mask=rows < seqlen_q, other=0.0))
+            mbarrier.arrive(bar)  # the statistics are in place (the copies arrive by their bytes)
+            it += 1
+    return it
 
-    One descriptor per tensor over this sequence's ``[length, heads * D]`` rows (heads adjacent in
-    a row); a head is a column offset, so no descriptor is rebuilt while copies are in flight."""
+
+@gluon.jit
+def _dkdv_item_loads(
+    item, buffers, it, j, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr
+):
+    """A persistent program's work item: the four descriptors over its sequence's ``[length,
+    heads * D]`` rows (built at each call site of this function: one set per site), then
+    :func:`_dkdv_key_tile_loads`."""
+    (
+        q_ptr, do_ptr, k_ptr, v_ptr, stride_qt, stride_dot, stride_kt, stride_vt, kv_head, n0, q_start,
+        seqlen_q, k_start, seqlen_k, d_lo, d_hi, lse_ptr, delta_ptr, stride_lse_h,
+    ) = item  # fmt: skip
+    k_smem, _, q_smem, _, _, _, _, _, _, _ = buffers
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    HEAD_DIM: gl.constexpr = k_smem.shape[1]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    smem: gl.constexpr = _SMEM_LAYOUT
+    width_kv = (kv_head + 1) * HEAD_DIM
+    width_q = width_kv * GROUP
+    k_base = k_ptr + k_start.to(gl.int64) * stride_kt
+    v_base = v_ptr + k_start.to(gl.int64) * stride_vt
+    k_desc = row_descriptor(k_base, seqlen_k, width_kv, stride_kt, BLOCK_N, HEAD_DIM, smem)
+    v_desc = row_descriptor(v_base, seqlen_k, width_kv, stride_vt, BLOCK_N, HEAD_DIM, smem)
+    q_base = q_ptr + q_start.to(gl.int64) * stride_qt
+    do_base = do_ptr + q_start.to(gl.int64) * stride_dot
+    q_desc = row_descriptor(q_base, seqlen_q, width_q, stride_qt, BLOCK_M, HEAD_DIM, smem)
+    do_desc = row_descriptor(do_base, seqlen_q, width_q, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    tile = (n0, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, q_start, lse_ptr, delta_ptr, stride_lse_h)
+    return _dkdv_key_tile_loads(
+        k_desc, v_desc, q_desc, do_desc, tile, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT
+    )
+
+
+@gluon.jit
+def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr):
+    """TMA loads of this program's key tiles (:func:`_dkdv_key_tile_loads`) of one sequence and kv
+    head. One descriptor per tensor over this sequence's ``[length, heads * D]`` rows (heads
+    adjacent in a row); a head is a column offset, so no descriptor is rebuilt while copies are in
+    flight."""
     (
         q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
         d_lo, d_hi, kv_head, first, step, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty,
         lse_ptr, delta_ptr, stride_lse_h, q_start, lse_smem, delta_smem,
     ) = args  # fmt: skip
-    stat_layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
-    NUM_STAGES: gl.constexpr = q_smem.shape[0]
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     smem: gl.constexpr = _SMEM_LAYOUT
     width_kv = (kv_head + 1) * HEAD_DIM
@@ -162,57 +237,108 @@ def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT:
     v_desc = row_descriptor(v_base, seqlen_k, width_kv, stride_vt, BLOCK_N, HEAD_DIM, smem)
     q_desc = row_descriptor(q_base, seqlen_q, width_q, stride_qt, BLOCK_M, HEAD_DIM, smem)
     do_desc = row_descriptor(do_base, seqlen_q, width_q, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    buffers = (k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem)
     it = 0
     j = 0
     for n_block in range(first, gl.cdiv(seqlen_k, BLOCK_N), step):
-        n0 = n_block * BLOCK_N
-        mbarrier.wait(kv_empty, (j & 1) ^ 1)
-        mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma_load(k_desc, [n0, kv_head * HEAD_DIM], kv_ready, k_smem)
-        tma_load(v_desc, [n0, kv_head * HEAD_DIM], kv_ready, v_smem)
-        a, _, _, end = query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-        for g in range(GROUP):
-            col = (kv_head * GROUP + g) * HEAD_DIM
-            for m0 in range(a, end, BLOCK_M):
-                stage = it % NUM_STAGES
-                mbarrier.wait(empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
-                bar = ready.index(stage)
-                mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-                tma_load(q_desc, [m0, col], bar, q_smem.index(stage))
-                tma_load(do_desc, [m0, col], bar, do_smem.index(stage))
-                rows = m0 + gl.arange(0, BLOCK_M, layout=stat_layout)
-                at = (kv_head * GROUP + g) * stride_lse_h + q_start + rows
-                lse = gl.load(lse_ptr + at, mask=rows < seqlen_q, other=float("inf"))
-                lse_smem.index(stage).store(gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E)
-                delta_smem.index(stage).store(gl.load(delta_ptr + at, mask=rows < seqlen_q, other=0.0))
-                mbarrier.arrive(bar)  # the statistics are in place (the copies arrive by their bytes)
-                it += 1
+        tile = (
+            n_block * BLOCK_N, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, q_start, lse_ptr, delta_ptr,
+            stride_lse_h,
+        )  # fmt: skip
+        it = _dkdv_key_tile_loads(
+            k_desc, v_desc, q_desc, do_desc, tile, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT
+        )
         j += 1  # noqa: SIM113 -- no enumerate in a kernel
 
 
 @gluon.jit
-def _dkdv_consumer(
-    args,
-    GROUP: gl.constexpr,
-    HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
-    ACCUMULATE: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr,
-    NUM_CONSUMERS: gl.constexpr,
-    WG: gl.constexpr,
-):
-    """dK and dV of key rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each key tile in registers
-    (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``). ``DQ_ATOMIC``: dQ of each query tile added to fp32 ``dq``
-    as well. One partition: ``dQ = dS K`` by both warpgroups, added by per-element atomics. Two
-    partitions (FA3's): each stores its rows of ``dS^T`` in shared memory, both wait for the whole
-    ``dS`` (``ds_full``), each computes its half of dQ's columns over all the tile's keys and adds it
-    with one TMA reduce-add from ``dq_smem`` (rows past the sequence are dropped by the descriptor).
-    Tile shapes come from the shared-memory buffers, the warps from this partition."""
+def _dkdv_work_item(w, total, work, BLOCK_N: gl.constexpr, HAS_POSITIONS: gl.constexpr):
+    """A persistent program's work item ``w`` of ``total``: ``(kv_head, n0, q_start, seqlen_q,
+    k_start, seqlen_k, d_lo, d_hi)``. The list (``schedule.build_work_list`` over the key tiles)
+    holds tile ``blk`` of each sequence, highest first; ``blk`` names key tile ``tiles - 1 - blk``,
+    so the key tiles that see the most query tiles under a causal mask come first."""
     (
-        dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
-        seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem, v_smem, q_smem, do_smem, ds_smem,
-        dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
+        seq_ptr, blk_ptr, num_kv_heads, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
+        pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right,
+    ) = work  # fmt: skip
+    item, kv_head = item_and_head(w, total, num_kv_heads, head_section, serpentine)
+    b = gl.load(seq_ptr + item)
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
+        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
+        window_right, HAS_POSITIONS,
+    )  # fmt: skip
+    n0 = (gl.cdiv(seqlen_k, BLOCK_N) - 1 - gl.load(blk_ptr + item)) * BLOCK_N
+    return kv_head, n0, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi
+
+
+@gluon.jit
+def _dkdv_persistent_producer(
+    args, work, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+):  # fmt: skip
+    """TMA loads of a persistent program's work items, every ``G``-th of the list. An item's
+    descriptors are written before it waits for the consumers to release the previous item's K/V,
+    alternately at two call sites (two descriptor sets): the set it rewrites served the item before
+    the previous one, whose copies have all landed (the previous item waited for its release)."""
+    (
+        q_ptr, do_ptr, k_ptr, v_ptr, stride_qt, stride_dot, stride_kt, stride_vt, lse_ptr, delta_ptr,
+        stride_lse_h, total, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty,
+        lse_smem, delta_smem,
     ) = args  # fmt: skip
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    buffers = (k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem)
+    it = 0
+    j = 0
+    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+        kv_head, n0, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _dkdv_work_item(
+            w, total, work, BLOCK_N, HAS_POSITIONS
+        )
+        item = (
+            q_ptr, do_ptr, k_ptr, v_ptr, stride_qt, stride_dot, stride_kt, stride_vt, kv_head, n0, q_start,
+            seqlen_q, k_start, seqlen_k, d_lo, d_hi, lse_ptr, delta_ptr, stride_lse_h,
+        )  # fmt: skip
+        if (j & 1) == 0:
+            it = _dkdv_item_loads(item, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT)
+        else:
+            it = _dkdv_item_loads(item, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT)
+        j += 1  # noqa: SIM113 -- no enumerate in a kernel
+
+
+@gluon.jit
+def _dq_reduce_descriptor(dq_ptr, q_start, seqlen_q, kv_head, stride_dqt, GROUP: gl.constexpr, dq_smem):
+    """The TMA reduce-add descriptor of the fp32 dQ rows of one sequence (heads adjacent in a row,
+    ``[BLOCK_M, D / 2]`` tiles: a consumer partition's columns)."""
+    BLOCK_M: gl.constexpr = dq_smem.shape[1]
+    DQ_COLS: gl.constexpr = dq_smem.shape[2]
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS], gl.float32)
+    return row_descriptor(
+        dq_ptr + q_start.to(gl.int64) * stride_dqt, seqlen_q, (kv_head + 1) * GROUP * 2 * DQ_COLS,
+        stride_dqt, BLOCK_M, DQ_COLS, layout,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _dkdv_key_tile(
+    dq_desc, tile, buffers, it, j,
+    GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr, NUM_CONSUMERS: gl.constexpr, WG: gl.constexpr,
+):  # fmt: skip
+    """dK and dV of key rows ``[n0 + WG * WG_ROWS, n0 + (WG + 1) * WG_ROWS)`` in registers over every
+    visible query tile of the group's heads (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``), stored (or
+    added) at the end; the key tile is the program's ``j``-th. ``DQ_ATOMIC``: dQ of each query tile
+    added to fp32 ``dq`` as well. One partition: ``dQ = dS K`` by both warpgroups, added by
+    per-element atomics. Two partitions (FA3's): each stores its rows of ``dS^T`` in shared memory,
+    both wait for the whole ``dS`` (``ds_full``), each computes its half of dQ's columns over all the
+    tile's keys and adds it with one TMA reduce-add by ``dq_desc`` from ``dq_smem`` (rows past the
+    sequence are dropped by the descriptor). Returns the ring's next stage count ``it``."""
+    (
+        n0, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
+        seqlen_k, d_lo, d_hi, kv_head, sm_scale,
+    ) = tile  # fmt: skip
+    (
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        lse_smem, delta_smem,
+    ) = buffers  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = k_smem.shape[1]
     NUM_STAGES: gl.constexpr = q_smem.shape[0]
@@ -244,147 +370,203 @@ def _dkdv_consumer(
     qk_scale = sm_scale * LOG2E
     zero_st = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout)  # S^T and dP^T start from nothing
     if DQ_ATOMIC:
-        if NUM_CONSUMERS == 2:  # dQ rows of this sequence, heads adjacent in a row, fp32
-            dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for(
-                [BLOCK_M, DQ_COLS], gl.float32
-            )
-            dq_desc = row_descriptor(
-                dq_ptr + q_start.to(gl.int64) * stride_dqt, seqlen_q, (kv_head + 1) * GROUP * HEAD_DIM,
-                stride_dqt, BLOCK_M, DQ_COLS, dq_smem_layout,
-            )  # fmt: skip
+        if NUM_CONSUMERS == 2:
             dq_tile = dq_smem.index(WG)
             dq_cols = k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1)  # B of this partition's dQ columns
         else:
             dq_cols = k_rows
+    own0 = n0 + WG * WG_ROWS
+    cols = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout)), 1)
+    a, b_, c, end = query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
+    mbarrier.wait(kv_ready, j & 1)
+    for g in range(GROUP):
+        head = kv_head * GROUP + g
+        dq_base = dq_ptr + q_start.to(gl.int64) * stride_dqt + head * stride_dqh
+        for m0 in range(a, end, BLOCK_M):
+            stage = it % NUM_STAGES
+            mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
+            q_tile = q_smem.index(stage)
+            do_tile = do_smem.index(stage)
+            s_tok = warpgroup_mma(k_rows, q_tile.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            dp_tok = warpgroup_mma(v_rows, do_tile.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            lse = lse_smem.index(stage).load(stat_layout)
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 0))
+            if (m0 < b_) | (m0 >= c):
+                rows_1d = m0 + gl.arange(0, BLOCK_M, layout=stat_layout)
+                rows = gl.expand_dims(rows_1d, 0)
+                p = gl.where(visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
+            p_op = gl.convert_layout(p.to(dtype), a_layout)
+            dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+            dp = warpgroup_mma_wait(1, deps=(dp_tok,))
+            delta = delta_smem.index(stage).load(stat_layout)
+            ds = (p * (dp - gl.expand_dims(delta, 0)) * sm_scale).to(dtype)
+            if DQ_ATOMIC:  # dS^T in shared memory (double-buffered): the A operand of dQ = dS K
+                ds_tile = ds_smem.index(it % 2)
+                if NUM_CONSUMERS == 2:
+                    ds_tile.slice(WG * WG_ROWS, WG_ROWS).store(ds)
+                else:
+                    ds_tile.store(ds)
+                fence_async_shared()
+                cta_barrier()  # every warp's rows of dS^T are in place
+                if NUM_CONSUMERS == 2:
+                    mbarrier.arrive(ds_full.index(it % 2))
+            dk_tok = warpgroup_mma(gl.convert_layout(ds, a_layout), q_tile, dk, is_async=True)
+            if DQ_ATOMIC:
+                if NUM_CONSUMERS == 2:  # the other partition's rows of dS^T are in place too
+                    mbarrier.wait(ds_full.index(it % 2), (it // 2) & 1)
+                dq_tok = warpgroup_mma(
+                    ds_tile.permute((1, 0)),
+                    dq_cols,
+                    gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout),
+                    use_acc=False,
+                    is_async=True,
+                )
+                dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+            else:
+                dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+            cta_barrier()  # every warp of this partition is done with this stage
+            mbarrier.arrive(empty.index(stage))
+            if DQ_ATOMIC and NUM_CONSUMERS == 2:  # one TMA reduce-add of this partition's columns
+                tma_store_wait(0)  # the previous tile's reduction has read dq_smem
+                cta_barrier()
+                dq_tile.store(dq)
+                fence_async_shared()
+                cta_barrier()
+                tma_reduce_add(dq_desc, [m0, head * HEAD_DIM + WG * DQ_COLS], dq_tile)
+            elif DQ_ATOMIC:  # through shared memory into rows of 4-wide atomics: few addresses live
+                dq = gl.convert_layout(dq, dq_add_layout)
+                dq_rows = gl.expand_dims(
+                    m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_add_layout)), 1
+                )
+                offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_add_layout)), 0)
+                gl.atomic_add(
+                    dq_base + dq_rows * stride_dqt + offs_d,
+                    dq,
+                    mask=(dq_rows < seqlen_q) & (offs_d < HEAD_DIM),
+                    sem="relaxed",
+                )
+            it += 1
+    cta_barrier()
+    mbarrier.arrive(kv_empty)
+    out_rows = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kv_layout)), 1)
+    offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout)), 0)
+    mask = (out_rows < seqlen_k) & (offs_d < HEAD_DIM)
+    dk_ptrs = dk_base + out_rows.to(gl.int64) * stride_dkt + offs_d
+    dv_ptrs = dv_base + out_rows.to(gl.int64) * stride_dvt + offs_d
+    if ACCUMULATE:  # add this launch's part to what the rows hold
+        dk += gl.load(dk_ptrs, mask=mask, other=0.0).to(gl.float32)
+        dv += gl.load(dv_ptrs, mask=mask, other=0.0).to(gl.float32)
+    gl.store(dk_ptrs, dk.to(dk_base.dtype.element_ty), mask=mask)
+    gl.store(dv_ptrs, dv.to(dv_base.dtype.element_ty), mask=mask)
+    return it
+
+
+@gluon.jit
+def _dkdv_consumer(
+    args,
+    GROUP: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
+    WG: gl.constexpr,
+):
+    """:func:`_dkdv_key_tile` over this program's key tiles of one sequence and kv head."""
+    (
+        dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
+        seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem, v_smem, q_smem, do_smem, ds_smem,
+        dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
+    ) = args  # fmt: skip
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    buffers = (
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        lse_smem, delta_smem,
+    )  # fmt: skip
+    if DQ_ATOMIC and NUM_CONSUMERS == 2:  # dQ rows of this sequence, heads adjacent in a row, fp32
+        dq_desc = _dq_reduce_descriptor(dq_ptr, q_start, seqlen_q, kv_head, stride_dqt, GROUP, dq_smem)
+    else:
+        dq_desc = dq_ptr  # unused
     it = 0
     j = 0
     for n_block in range(first, gl.cdiv(seqlen_k, BLOCK_N), step):
-        n0 = n_block * BLOCK_N
-        own0 = n0 + WG * WG_ROWS
-        cols = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, s_layout)), 1)
-        a, b_, c, end = query_tiles(n0, seqlen_k, seqlen_q, d_lo, d_hi, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-        dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
-        dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
-        mbarrier.wait(kv_ready, j & 1)
-        for g in range(GROUP):
-            head = kv_head * GROUP + g
-            dq_base = dq_ptr + q_start.to(gl.int64) * stride_dqt + head * stride_dqh
-            for m0 in range(a, end, BLOCK_M):
-                stage = it % NUM_STAGES
-                mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
-                q_tile = q_smem.index(stage)
-                do_tile = do_smem.index(stage)
-                s_tok = warpgroup_mma(k_rows, q_tile.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-                dp_tok = warpgroup_mma(v_rows, do_tile.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-                s = warpgroup_mma_wait(1, deps=(s_tok,))
-                lse = lse_smem.index(stage).load(stat_layout)
-                p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 0))
-                if (m0 < b_) | (m0 >= c):
-                    rows_1d = m0 + gl.arange(0, BLOCK_M, layout=stat_layout)
-                    rows = gl.expand_dims(rows_1d, 0)
-                    p = gl.where(visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
-                p_op = gl.convert_layout(p.to(dtype), a_layout)
-                dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-                dp = warpgroup_mma_wait(1, deps=(dp_tok,))
-                delta = delta_smem.index(stage).load(stat_layout)
-                ds = (p * (dp - gl.expand_dims(delta, 0)) * sm_scale).to(dtype)
-                if DQ_ATOMIC:  # dS^T in shared memory (double-buffered): the A operand of dQ = dS K
-                    ds_tile = ds_smem.index(it % 2)
-                    if NUM_CONSUMERS == 2:
-                        ds_tile.slice(WG * WG_ROWS, WG_ROWS).store(ds)
-                    else:
-                        ds_tile.store(ds)
-                    fence_async_shared()
-                    cta_barrier()  # every warp's rows of dS^T are in place
-                    if NUM_CONSUMERS == 2:
-                        mbarrier.arrive(ds_full.index(it % 2))
-                dk_tok = warpgroup_mma(gl.convert_layout(ds, a_layout), q_tile, dk, is_async=True)
-                if DQ_ATOMIC:
-                    if NUM_CONSUMERS == 2:  # the other partition's rows of dS^T are in place too
-                        mbarrier.wait(ds_full.index(it % 2), (it // 2) & 1)
-                    dq_tok = warpgroup_mma(
-                        ds_tile.permute((1, 0)),
-                        dq_cols,
-                        gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout),
-                        use_acc=False,
-                        is_async=True,
-                    )
-                    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-                else:
-                    dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-                cta_barrier()  # every warp of this partition is done with this stage
-                mbarrier.arrive(empty.index(stage))
-                if DQ_ATOMIC and NUM_CONSUMERS == 2:  # one TMA reduce-add of this partition's columns
-                    tma_store_wait(0)  # the previous tile's reduction has read dq_smem
-                    cta_barrier()
-                    dq_tile.store(dq)
-                    fence_async_shared()
-                    cta_barrier()
-                    tma_reduce_add(dq_desc, [m0, head * HEAD_DIM + WG * DQ_COLS], dq_tile)
-                elif DQ_ATOMIC:  # through shared memory into rows of 4-wide atomics: few addresses live
-                    dq = gl.convert_layout(dq, dq_add_layout)
-                    dq_rows = gl.expand_dims(
-                        m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_add_layout)), 1
-                    )
-                    offs_d = gl.expand_dims(
-                        gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_add_layout)), 0
-                    )
-                    gl.atomic_add(
-                        dq_base + dq_rows * stride_dqt + offs_d,
-                        dq,
-                        mask=(dq_rows < seqlen_q) & (offs_d < HEAD_DIM),
-                        sem="relaxed",
-                    )
-                it += 1
-        cta_barrier()
-        mbarrier.arrive(kv_empty)
+        tile = (
+            n_block * BLOCK_N, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh,
+            q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, sm_scale,
+        )  # fmt: skip
+        it = _dkdv_key_tile(
+            dq_desc, tile, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC,
+            NUM_CONSUMERS, WG,
+        )  # fmt: skip
         j += 1  # noqa: SIM113 -- no enumerate in a kernel
-        out_rows = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kv_layout)), 1)
-        offs_d = gl.expand_dims(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout)), 0)
-        mask = (out_rows < seqlen_k) & (offs_d < HEAD_DIM)
-        dk_ptrs = dk_base + out_rows.to(gl.int64) * stride_dkt + offs_d
-        dv_ptrs = dv_base + out_rows.to(gl.int64) * stride_dvt + offs_d
-        if ACCUMULATE:  # add this launch's part to what the rows hold
-            dk += gl.load(dk_ptrs, mask=mask, other=0.0).to(gl.float32)
-            dv += gl.load(dv_ptrs, mask=mask, other=0.0).to(gl.float32)
-        gl.store(dk_ptrs, dk.to(dk_base.dtype.element_ty), mask=mask)
-        gl.store(dv_ptrs, dv.to(dv_base.dtype.element_ty), mask=mask)
     if DQ_ATOMIC and NUM_CONSUMERS == 2:
         tma_store_wait(0)  # dq_smem stays allocated until the last reduction has read it
 
 
 @gluon.jit
-def _dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, cup_q_ptr,
-    cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
-    stride_vh, stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
-    stride_dqh, stride_lse_h, sm_scale, window_left, window_right, GROUP: gl.constexpr,
-    HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-    ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-):  # fmt: skip
-    kv_head = gl.program_id(1)
-    b = gl.program_id(2)
-    num_seqs = gl.num_programs(2) - 1
-    dk_head = dk_ptr + kv_head * stride_dkh
-    dv_head = dv_ptr + kv_head * stride_dvh
-    if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
-        _zero_padding(
-            dk_head, stride_dkt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, HEAD_DIM, BLOCK_N, NUM_WARPS
-        )
-        _zero_padding(
-            dv_head, stride_dvt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, HEAD_DIM, BLOCK_N, NUM_WARPS
-        )
-    if b == num_seqs:
-        return
-    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
-        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
-        window_right, HAS_POSITIONS,
+def _dkdv_persistent_consumer(
+    args,
+    work,
+    GROUP: gl.constexpr,
+    HAS_POSITIONS: gl.constexpr,
+    HAS_LEFT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr,
+    WG: gl.constexpr,
+):
+    """:func:`_dkdv_key_tile` over a persistent program's work items (:func:`_dkdv_work_item`),
+    every ``G``-th of the list, as its producer takes them. The dQ reduce-add descriptor is rebuilt
+    per item once the previous item's reductions have read it."""
+    (
+        dk_ptr, dv_ptr, dq_ptr, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
+        sm_scale, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty,
+        ready, empty, lse_smem, delta_smem,
+    ) = args  # fmt: skip
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    buffers = (
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        lse_smem, delta_smem,
     )  # fmt: skip
-    if gl.program_id(0) >= gl.cdiv(seqlen_k, BLOCK_N):  # no key tile of its own: both partitions' loops
-        return  # would be empty, so skip their start (a grid sized by max_seqlen_kv has many such)
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    it = 0
+    j = 0
+    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+        kv_head, n0, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _dkdv_work_item(
+            w, total, work, BLOCK_N, HAS_POSITIONS
+        )
+        dk_base = dk_ptr + kv_head * stride_dkh + k_start.to(gl.int64) * stride_dkt
+        dv_base = dv_ptr + kv_head * stride_dvh + k_start.to(gl.int64) * stride_dvt
+        if DQ_ATOMIC and NUM_CONSUMERS == 2:
+            tma_store_wait(0)  # the previous item's reductions have read its descriptor
+            cta_barrier()
+            dq_desc = _dq_reduce_descriptor(dq_ptr, q_start, seqlen_q, kv_head, stride_dqt, GROUP, dq_smem)
+        else:
+            dq_desc = dq_ptr  # unused
+        tile = (
+            n0, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
+            seqlen_k, d_lo, d_hi, kv_head, sm_scale,
+        )  # fmt: skip
+        it = _dkdv_key_tile(
+            dq_desc, tile, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC,
+            NUM_CONSUMERS, WG,
+        )  # fmt: skip
+        j += 1  # noqa: SIM113 -- no enumerate in a kernel
+    if DQ_ATOMIC and NUM_CONSUMERS == 2:
+        tma_store_wait(0)  # dq_smem stays allocated until the last reduction has read it
+
+
+@gluon.jit
+def _dkdv_buffers(
+    dtype: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+):  # fmt: skip
+    """The dK/dV kernels' shared memory and mbarriers, initialised: ``(k, v, q, do, ds, dq, ds_full,
+    kv_ready, kv_empty, ready, empty, lse, delta)`` (``ds``, ``dq`` and ``ds_full`` stand in, unused,
+    where the call has no use for them)."""
     smem: gl.constexpr = _SMEM_LAYOUT
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], smem)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], smem)
@@ -410,6 +592,51 @@ def _dkdv_kernel(
     else:
         dq_smem = k_smem  # unused
         ds_full = kv_ready  # unused
+    return (
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        lse_smem, delta_smem,
+    )  # fmt: skip
+
+
+@gluon.jit
+def _dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, cup_q_ptr,
+    cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
+    stride_vh, stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
+    stride_dqh, stride_lse_h, sm_scale, window_left, window_right, GROUP: gl.constexpr,
+    HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
+    ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    kv_head = gl.program_id(1)
+    b = gl.program_id(2)
+    num_seqs = gl.num_programs(2) - 1
+    dk_head = dk_ptr + kv_head * stride_dkh
+    dv_head = dv_ptr + kv_head * stride_dvh
+    if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
+        _zero_padding(
+            dk_head, stride_dkt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, HEAD_DIM, BLOCK_N,
+            NUM_WARPS,
+        )  # fmt: skip
+        _zero_padding(
+            dv_head, stride_dvt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, HEAD_DIM, BLOCK_N,
+            NUM_WARPS,
+        )  # fmt: skip
+    if b == num_seqs:
+        return
+    q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
+        cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
+        window_right, HAS_POSITIONS,
+    )  # fmt: skip
+    if gl.program_id(0) >= gl.cdiv(seqlen_k, BLOCK_N):  # no key tile of its own: both partitions' loops
+        return  # would be empty, so skip their start (a grid sized by max_seqlen_kv has many such)
+    (
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        lse_smem, delta_smem,
+    ) = _dkdv_buffers(
+        q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_CONSUMERS, DQ_ATOMIC
+    )  # fmt: skip
     dk_base = dk_head + k_start.to(gl.int64) * stride_dkt
     dv_base = dv_head + k_start.to(gl.int64) * stride_dvt
     first = gl.program_id(0)
@@ -445,6 +672,84 @@ def _dkdv_kernel(
             [NUM_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
         )
+
+
+@gluon.jit
+def _dkdv_persistent_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, cup_q_ptr,
+    cup_k_ptr, pos_q_ptr, pos_k_ptr, seq_ptr, blk_ptr, count_ptr, rows_q, rows_k, stride_qt, stride_qh,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt,
+    stride_dvh, stride_dqt, stride_dqh, stride_lse_h, sm_scale, window_left, window_right, num_seqs,
+    num_kv_heads, head_section, serpentine, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+    HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SLOTS: gl.constexpr,
+):  # fmt: skip
+    """``_dkdv_kernel``'s work on ``G`` persistent programs: each takes every ``G``-th item of the
+    key tiles' work list (``count_ptr[0]`` tiles times the kv heads, :func:`_dkdv_work_item`), so no
+    program starts for a tile that does not exist and the next item's copies overlap this one's
+    products. The programs first zero the padding rows of dK and dV between them, (slot, kv head)
+    pairs round robin; without ``SLOTS`` (packed key offsets) only the tail past the last sequence
+    can hold padding."""
+    if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
+        first_job = 0 if SLOTS else num_seqs * num_kv_heads
+        for job in range(first_job + gl.program_id(0), (num_seqs + 1) * num_kv_heads, gl.num_programs(0)):
+            b = job // num_kv_heads
+            head = job - b * num_kv_heads
+            _zero_padding(
+                dk_ptr + head * stride_dkh, stride_dkt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, HEAD_DIM,
+                BLOCK_N, NUM_WARPS, True,
+            )  # fmt: skip
+            _zero_padding(
+                dv_ptr + head * stride_dvh, stride_dvt, cu_k_ptr, cup_k_ptr, b, num_seqs, rows_k, HEAD_DIM,
+                BLOCK_N, NUM_WARPS, True,
+            )  # fmt: skip
+    total = gl.load(count_ptr) * num_kv_heads
+    if gl.program_id(0) >= total:
+        return
+    (
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        lse_smem, delta_smem,
+    ) = _dkdv_buffers(
+        q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_CONSUMERS, DQ_ATOMIC
+    )  # fmt: skip
+    work = (
+        seq_ptr, blk_ptr, num_kv_heads, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
+        pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right,
+    )  # fmt: skip
+    consumer = (
+        dk_ptr, dv_ptr, dq_ptr, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
+        sm_scale, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty,
+        ready, empty, lse_smem, delta_smem,
+    )  # fmt: skip
+    producer = (
+        q_ptr, do_ptr, k_ptr, v_ptr, stride_qt, stride_dot, stride_kt, stride_vt, lse_ptr, delta_ptr,
+        stride_lse_h, total, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty, lse_smem,
+        delta_smem,
+    )  # fmt: skip
+    if NUM_CONSUMERS == 1:
+        gl.warp_specialize(
+            [
+                (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
+                                             ACCUMULATE, DQ_ATOMIC, 1, 0)),
+                (_dkdv_persistent_producer, (producer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
+                                             ACCUMULATE, DQ_ATOMIC, 2, 0)),
+                (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
+                                             ACCUMULATE, DQ_ATOMIC, 2, 1)),
+                (_dkdv_persistent_producer, (producer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
+            ],
+            [NUM_WARPS, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- dQ (deterministic)
@@ -589,8 +894,9 @@ def _dq_kernel(
     dq_head = dq_ptr + head * stride_dqh
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
         _zero_padding(
-            dq_head, stride_dqt, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, HEAD_DIM, BLOCK_M, NUM_WARPS
-        )
+            dq_head, stride_dqt, cu_q_ptr, cup_q_ptr, b, num_seqs, rows_q, HEAD_DIM, BLOCK_M,
+            NUM_WARPS,
+        )  # fmt: skip
     if b == num_seqs:
         return
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import torch
 from torch import Tensor
 
 from thd._runtime.launcher import ensure_scratch_allocator
@@ -28,7 +27,7 @@ from thd.ops.attention.gluon.host import (
     same_dtype,
     sequence_args,
 )
-from thd.ops.attention.gluon.work_lists import WorkList, work_list_for
+from thd.ops.attention.gluon.work_lists import WorkList, planned_work_list
 from thd.ops.attention.params import ForwardCall, VarlenLayout
 from thd.ops.attention.plan_keys import inputs_key
 
@@ -64,7 +63,7 @@ class GluonTile(WarpSpecializedTile):
     # the H200, 64x64w4s2c1 at maxnreg 128 with 2 per SM ran (D=128, slower than TILES), but the
     # D=64 tile 64x64w4s3c1 so configured raised "CUDA error: an illegal instruction" (not investigated).
     ctas_per_sm: int = 1
-    # The work order (``forward_kernel._item_and_head``): heads per section of the list (0: all),
+    # The work order (``tiles.item_and_head``): heads per section of the list (0: all),
     # items taken dynamically from a ticket, or else in static rounds, every other one reversed.
     head_section: int = 0
     dynamic: bool = False
@@ -272,21 +271,8 @@ def _plan(call: ForwardCall, out: Tensor, lse: Tensor) -> tuple[_ForwardPlan, bo
 
 
 def _work_list(layout: VarlenLayout, plan: _ForwardPlan, reused: bool) -> WorkList:
-    """``(seq, blk, count)`` of :func:`schedule.build_work_list` in one int32 allocation, or the
-    list an earlier call on the same, unchanged offsets built (:mod:`.work_lists`)."""
-    from thd.ops.attention.gluon.schedule import build_work_list
-
-    cu, slots = layout.cu_seqlens_q, layout.slots_q
-
-    def build() -> WorkList:
-        capacity = plan.capacity
-        buffer = torch.empty(2 * capacity + 3, dtype=torch.int32, device=cu.device)
-        seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
-        plan.work_list.run(build_work_list, (cu, slots, seq, blk, count), reused)
-        return seq, blk, count
-
-    sizes = (*plan.work_list.tail, plan.work_list.keywords["BLOCK_M"])
-    return work_list_for(cu, slots, sizes, build)
+    """``(seq, blk, count)`` of the query tiles (:func:`.work_lists.planned_work_list`)."""
+    return planned_work_list(layout.cu_seqlens_q, layout.slots_q, plan.work_list, plan.capacity, reused)
 
 
 def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
@@ -324,7 +310,7 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
 
 
 HEAD_SECTION: int | None = None
-"""Heads per section of the work list (``forward_kernel._item_and_head``): the programs running at
+"""Heads per section of the work list (``tiles.item_and_head``): the programs running at
 one time share the K/V of fewer heads. ``None``: the tile's ``head_section``; 0: one section of
 every head. Read when a plan is made (as are the two settings below)."""
 

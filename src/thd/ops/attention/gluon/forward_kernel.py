@@ -2,7 +2,7 @@
 
 Persistent: ``G`` programs (one per SM) take the work items of a list built on the device from the
 offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, tile index descending, heads in sections
-innermost; :func:`_item_and_head`), either every ``G``-th (``p, p + G, ...``, optionally every other
+innermost; :func:`item_and_head`), either every ``G``-th (``p, p + G, ...``, optionally every other
 round reversed) or, with ``DYNAMIC``, the next unclaimed one from a ticket, so short documents leave
 no empty programs and nothing syncs with the host.
 Before the warp-specialized region the programs write every padding row (``out`` 0, ``lse`` -inf)
@@ -47,7 +47,7 @@ from thd.ops.attention.gluon.compat import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from thd.ops.attention.gluon.tiles import key_tiles
+from thd.ops.attention.gluon.tiles import item_and_head, key_tiles
 from thd.ops.attention.softmax_terms import fold_sink
 
 __all__ = ["attention_fwd_kernel"]
@@ -97,31 +97,11 @@ def _fill_padding(
 
 
 @gluon.jit
-def _item_and_head(w, total, num_heads, head_section, serpentine):
-    """Query tile ``item`` and ``head`` of this program's work item ``w`` of ``total = tiles *
-    num_heads``. Program ``p`` of ``G`` takes ``p, p + G, ...``; with ``serpentine`` every other
-    full round of ``G`` is taken in reverse (program ``p`` gets ``G - 1 - p`` of it), so the program
-    with a round's longest item gets the next round's shortest. The list: the heads in sections of
-    ``head_section`` (a divisor of ``num_heads``), one section after another, each section's tiles
-    longest first with its heads innermost. Fewer heads at a time means more programs on one head's
-    K/V at once, so it stays in L2; ``head_section == num_heads`` is one section."""
-    if serpentine:
-        programs = gl.num_programs(0)
-        lap = w // programs
-        if ((lap & 1) == 1) & ((lap + 1) * programs <= total):
-            w = (2 * lap + 1) * programs - 1 - w
-    row = w // head_section  # section * tiles + item
-    tiles = total // num_heads
-    section = row // tiles
-    return row - section * tiles, section * head_section + w - row * head_section
-
-
-@gluon.jit
 def _work_item(
     w, work, HAS_POSITIONS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
-    """Work item ``w`` (:func:`_item_and_head`) of the list and layout ``work`` (the kernel's tuple):
+    """Work item ``w`` (:func:`item_and_head`) of the list and layout ``work`` (the kernel's tuple):
     its head, query tile, the sequence's query and key spans, its visible band ``[d_lo, d_hi]`` of
     key index minus query index (bottom-right aligned, or placed by the positions) and the query
     tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
@@ -129,7 +109,7 @@ def _work_item(
         seq_ptr, blk_ptr, total, num_heads, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
         cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right,
     ) = work  # fmt: skip
-    item, head = _item_and_head(w, total, num_heads, head_section, serpentine)
+    item, head = item_and_head(w, total, num_heads, head_section, serpentine)
     b = gl.load(seq_ptr + item)
     m_block = gl.load(blk_ptr + item)
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(

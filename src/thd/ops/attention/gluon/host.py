@@ -129,5 +129,9 @@ class PlanTable:
     def clear(self) -> None:
         self._plans.clear()
 
+    def values(self) -> list[Any]:
+        """The plans kept, oldest first."""
+        return list(self._plans.values())
+
     def __len__(self) -> int:
         return len(self._plans)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from thd.ops.attention.geometry import tile_ranges
 from thd.ops.attention.gluon.compat import gl, gluon, tma
 
-__all__ = ["key_tiles", "query_tiles", "row_descriptor"]
+__all__ = ["item_and_head", "key_tiles", "query_tiles", "row_descriptor"]
 
 
 @gluon.jit
@@ -53,3 +53,23 @@ def row_descriptor(
         block_shape=[BLOCK_R, BLOCK_W],
         layout=layout,
     )
+
+
+@gluon.jit
+def item_and_head(w, total, num_heads, head_section, serpentine):
+    """Query tile ``item`` and ``head`` of this program's work item ``w`` of ``total = tiles *
+    num_heads``. Program ``p`` of ``G`` takes ``p, p + G, ...``; with ``serpentine`` every other
+    full round of ``G`` is taken in reverse (program ``p`` gets ``G - 1 - p`` of it), so the program
+    with a round's longest item gets the next round's shortest. The list: the heads in sections of
+    ``head_section`` (a divisor of ``num_heads``), one section after another, each section's tiles
+    longest first with its heads innermost. Fewer heads at a time means more programs on one head's
+    K/V at once, so it stays in L2; ``head_section == num_heads`` is one section."""
+    if serpentine:
+        programs = gl.num_programs(0)
+        lap = w // programs
+        if ((lap & 1) == 1) & ((lap + 1) * programs <= total):
+            w = (2 * lap + 1) * programs - 1 - w
+    row = w // head_section  # section * tiles + item
+    tiles = total // num_heads
+    section = row // tiles
+    return row - section * tiles, section * head_section + w - row * head_section

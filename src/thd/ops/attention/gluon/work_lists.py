@@ -1,4 +1,4 @@
-"""The Gluon forward's work lists, reused across calls on the same, unchanged offset tensors.
+"""The Gluon kernels' work lists, reused across calls on the same, unchanged offset tensors.
 
 A work list (``schedule.build_work_list``) depends only on the values of the query offsets and
 slot offsets and on the plan's sizes. A model passes one set of offsets to every attention layer,
@@ -17,6 +17,7 @@ are never cached. The cache keeps the last :data:`CAPACITY` lists and their offs
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -24,7 +25,17 @@ from torch import Tensor
 from thd._capture import is_capturing
 from thd._runtime.tensor_keyed_cache import TensorKeyedCache
 
-__all__ = ["CAPACITY", "WorkList", "clear_work_lists", "work_list_counts", "work_list_for"]
+if TYPE_CHECKING:
+    from thd.ops.attention.gluon.host import PlannedLaunch
+
+__all__ = [
+    "CAPACITY",
+    "WorkList",
+    "clear_work_lists",
+    "planned_work_list",
+    "work_list_counts",
+    "work_list_for",
+]
 
 CAPACITY = 8
 """Work lists kept (least recently used first out)."""
@@ -55,6 +66,25 @@ def work_list_for(cu: Tensor, slots: Tensor, sizes: tuple, build: Callable[[], W
     and equal ``sizes`` (the plan's rows, sequences, capacity and tile) built on the same stream
     (module docstring)."""
     return _LISTS.get_or_build((cu, slots), (_stream(cu), sizes), build, capturing=is_capturing())
+
+
+def planned_work_list(
+    cu: Tensor, slots: Tensor, launch: PlannedLaunch, capacity: int, reused: bool
+) -> WorkList:
+    """``(seq, blk, count)`` of :func:`schedule.build_work_list` over the sequences of ``cu`` and
+    ``slots`` in tiles of ``launch``'s ``BLOCK_M`` rows, in one int32 allocation of ``capacity``
+    items, or the list an earlier call on the same, unchanged offsets built (:func:`work_list_for`).
+    ``launch``: the builder's planned launch, ``(num_seqs,)`` programs with the tail ``(num_seqs,
+    num_rows, capacity)``."""
+    from thd.ops.attention.gluon.schedule import build_work_list
+
+    def build() -> WorkList:
+        buffer = torch.empty(2 * capacity + 3, dtype=torch.int32, device=cu.device)
+        seq, blk, count = buffer[:capacity], buffer[capacity : 2 * capacity], buffer[2 * capacity :]
+        launch.run(build_work_list, (cu, slots, seq, blk, count), reused)
+        return seq, blk, count
+
+    return work_list_for(cu, slots, (*launch.tail, launch.keywords["BLOCK_M"]), build)
 
 
 def clear_work_lists() -> None:
