@@ -291,7 +291,7 @@ def test_many_items_per_persistent_program(programs, dim, heads, atomic, monkeyp
     """Persistent programs run many items each (sequences and heads change between them; with
     three programs, dozens per program): gradients as the reference's and tl's, padding zeros."""
     if programs is not None:
-        monkeypatch.setattr(gluon_backward, "num_sms", lambda index: programs)
+        monkeypatch.setattr(gluon_backward, "device_sms", lambda t: programs)
     monkeypatch.setattr(gluon_backward, "ATOMIC_DQ", atomic)
     layout = LAYOUTS["many"]
     options = AttentionOptions(dim**-0.5, causal=True)

@@ -39,8 +39,7 @@ def persistent(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """The dK/dV kernel run as one program per key tile, or as persistent programs on a 4-SM
     device (their work list built for real, by the interpreter)."""
     monkeypatch.setattr(gluon_backward, "PERSISTENT", request.param)
-    monkeypatch.setattr(gluon_backward, "num_sms", lambda index: 4)
-    monkeypatch.setattr(gluon_backward, "device_index", lambda device: 0)
+    monkeypatch.setattr(gluon_backward, "device_sms", lambda t: 4)
     return request.param
 
 

@@ -23,8 +23,7 @@ from thd.ops.attention.gluon.host import (
     PlannedLaunch,
     PlanTable,
     WarpSpecializedTile,
-    device_index,
-    num_sms,
+    device_sms,
     on_gluon_device,
     row_strides,
     same_dtype,
@@ -250,7 +249,7 @@ def _make_plan(
             )
             section = head_section(num_kv_heads, tile)
             dkdv = PlannedLaunch(
-                (min(num_sms(device_index(k.device)), capacity * num_kv_heads),),
+                (min(device_sms(k), capacity * num_kv_heads),),
                 (*tail, num_seqs, num_kv_heads, section, int(tile.serpentine)),
                 {**keywords, "SLOTS": layout.cu_seqlens_kv_padded is not None},
             )

@@ -22,6 +22,7 @@ __all__ = [
     "PlanTable",
     "PlannedLaunch",
     "device_index",
+    "device_sms",
     "num_sms",
     "on_gluon_device",
     "row_strides",
@@ -60,6 +61,11 @@ def _is_sm90(index: int) -> bool:
 @functools.cache
 def num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def device_sms(t: Tensor) -> int:
+    """The SMs of ``t``'s device: the persistent kernels' programs."""
+    return num_sms(device_index(t.device))
 
 
 def on_gluon_device(t: Tensor) -> bool:
