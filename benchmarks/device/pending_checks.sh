@@ -124,21 +124,26 @@ trees)  # on the CPU machine: call 7's tree
 8)
   prefer_gluon_suite 540
   ;;
-10)
+10)  # CALL_BUDGET_S (default 560): the call's seconds; the timing runs are cut to fit it
+  started=$(date +%s)
+  budget=${CALL_BUDGET_S:-560}
   echo "== persistent dK/dV tests $(date +%T)"
   PYTHONPATH=src:. timeout 140 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
     --timeout 130 -rfE tests/ops/gluon/test_backward_gpu.py -k persistent > "$OUT/persistent-tests.log" 2>&1
   tail -8 "$OUT/persistent-tests.log"
   if ! grep -q " passed" "$OUT/persistent-tests.log" || grep -qE "[0-9]+ (failed|errors?)" "$OUT/persistent-tests.log"; then
     echo "== the persistent tests did not pass: the row sums' A/B instead (carry .ab) $(date +%T)"
-    rowsum_ab 2 380
+    rowsum_ab 2 $((budget - 150))
     exit 0
   fi
   # LIMIT:DIM:TILE:TOKENS:DOCS; the first process of a head dim compiles tl's and both Gluon backwards
   for run in 130:64:128x128s2c2p:16384:64-1024 80:64:128x128s2c2p:32768:512-8192 \
              120:128:64x128s3c2p:16384:64-1024 90:128:64x128s3c2p:32768:512-8192; do
     IFS=: read -r limit dim tile tokens docs <<< "$run"
-    echo "== backward alone, D$dim $tokens $docs $(date +%T)"
+    left=$((budget - $(date +%s) + started))
+    [ "$left" -lt "$limit" ] && limit=$left
+    [ "$limit" -lt 45 ] && { echo "== no time left for D$dim $tokens $docs"; continue; }
+    echo "== backward alone, D$dim $tokens $docs ($limit s) $(date +%T)"
     PYTHONPATH=src:benchmarks:. timeout "$limit" python3 benchmarks/bench_gluon_bwd.py --dims "$dim" \
       --tokens "$tokens" --docs "$docs" --providers tl gluon --dkdv-tiles "$tile" --rep-ms 40 \
       --out "$OUT/gluon-bwd-persistent-d$dim-$tokens-$docs.json" 2>&1 | grep -E '^D[0-9]'
