@@ -136,9 +136,10 @@ trees)  # on the CPU machine: call 7's tree
     rowsum_ab 2 $((budget - 150))
     exit 0
   fi
-  # LIMIT:DIM:TILE:TOKENS:DOCS; the first process of a head dim compiles tl's and both Gluon backwards
-  for run in 130:64:128x128s2c2p:16384:64-1024 80:64:128x128s2c2p:32768:512-8192 \
-             120:128:64x128s3c2p:16384:64-1024 90:128:64x128s3c2p:32768:512-8192; do
+  # LIMIT:DIM:TILE:TOKENS:DOCS, short documents first; the first process of a head dim compiles tl's
+  # and both Gluon backwards
+  for run in 130:64:128x128s2c2p:16384:64-1024 120:128:64x128s3c2p:16384:64-1024 \
+             80:64:128x128s2c2p:32768:512-8192 90:128:64x128s3c2p:32768:512-8192; do
     IFS=: read -r limit dim tile tokens docs <<< "$run"
     left=$((budget - $(date +%s) + started))
     [ "$left" -lt "$limit" ] && limit=$left
