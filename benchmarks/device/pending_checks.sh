@@ -129,7 +129,7 @@ trees)  # on the CPU machine: call 7's tree
   budget=${CALL_BUDGET_S:-560}
   echo "== persistent dK/dV tests $(date +%T)"
   tests_s=${TESTS_S:-140}
-  PYTHONPATH=src:. timeout "$tests_s" python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+  PYTHONPATH=src:. timeout -s INT -k 15 "$tests_s" python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
     --timeout $((tests_s - 10)) -rfE tests/ops/gluon/test_backward_gpu.py -k persistent > "$OUT/persistent-tests.log" 2>&1
   tail -8 "$OUT/persistent-tests.log"
   if ! grep -q " passed" "$OUT/persistent-tests.log" || grep -qE "[0-9]+ (failed|errors?)" "$OUT/persistent-tests.log"; then
