@@ -59,7 +59,7 @@ prefer_gluon_suite() {  # $1: seconds; SIGINT at the limit, so pytest still prin
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|9|10|trees}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|9|10|11|trees}" in
 trees)  # on the CPU machine: call 7's tree
   rm -rf .ab/rowsum && mkdir -p .ab/rowsum && cp -r src .ab/rowsum/
   sed -i "s/consumer_regs=160, serpentine=True)/consumer_regs=160, serpentine=True, rowsum_mma=True)/" \
@@ -123,6 +123,11 @@ trees)  # on the CPU machine: call 7's tree
   ;;
 8)
   prefer_gluon_suite 540
+  ;;
+11)  # the persistent dK/dV programs' correctness alone, in what a nearly spent budget leaves (90 s)
+  PYTHONPATH=src:. timeout -s INT -k 10 90 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+    --timeout 80 -rfE tests/ops/gluon/test_backward_gpu.py \
+    -k "many_items or (persistent and gradients_match and atomic and bf16) or (persistent and nan)" 2>&1 | tail -12
   ;;
 10)  # CALL_BUDGET_S (default 560): the call's seconds, the timing runs cut to fit; TESTS_S the tests' (140)
   started=$(date +%s)
