@@ -1,6 +1,6 @@
 """Tile geometry shared by the Gluon kernels (``@gluon.jit`` helpers, inlined): which partner tiles
-a tile of rows sees under the visibility band, which of them need a mask, and the TMA descriptor
-over one sequence's rows.
+a tile of rows sees under the visibility band, which of them need a mask, the TMA descriptor over
+one sequence's rows, and the persistent kernels' static work order (:func:`item_and_head`).
 
 Visibility: query ``i`` sees key ``j`` iff ``j - i`` lies in ``[d_lo, d_hi]``, a side bounded only
 with ``HAS_LEFT`` / ``HAS_RIGHT`` (``geometry.tile_ranges``, shared with the ``tl`` kernels).
@@ -57,13 +57,14 @@ def row_descriptor(
 
 @gluon.jit
 def item_and_head(w, total, num_heads, head_section, serpentine):
-    """Query tile ``item`` and ``head`` of this program's work item ``w`` of ``total = tiles *
-    num_heads``. Program ``p`` of ``G`` takes ``p, p + G, ...``; with ``serpentine`` every other
-    full round of ``G`` is taken in reverse (program ``p`` gets ``G - 1 - p`` of it), so the program
-    with a round's longest item gets the next round's shortest. The list: the heads in sections of
-    ``head_section`` (a divisor of ``num_heads``), one section after another, each section's tiles
-    longest first with its heads innermost. Fewer heads at a time means more programs on one head's
-    K/V at once, so it stays in L2; ``head_section == num_heads`` is one section."""
+    """List item ``item`` (a query tile in the forward, a key tile in the persistent backward) and
+    ``head`` of this program's work item ``w`` of ``total = tiles * num_heads``. Program ``p`` of
+    ``G`` takes ``p, p + G, ...``; with ``serpentine`` every other full round of ``G`` is taken in
+    reverse (program ``p`` gets ``G - 1 - p`` of it), so the program with a round's longest item
+    gets the next round's shortest. The list: the heads in sections of ``head_section`` (a divisor
+    of ``num_heads``), one section after another, each section's tiles longest first with its heads
+    innermost. Fewer heads at a time means more programs on one head's data at once, so it stays in
+    L2; ``head_section == num_heads`` is one section."""
     if serpentine:
         programs = gl.num_programs(0)
         lap = w // programs

@@ -1,0 +1,63 @@
+"""The persistent Gluon kernels' static work order (``tiles.item_and_head``, used by the forward and
+the persistent dK/dV kernel), run as plain Python with ``gl.num_programs`` stood in for: ``G``
+programs each taking ``w = p, p + G, ...`` must take every (item, head) of the list exactly once,
+serpentine or not, for every head section that divides the heads; within a section the items come
+in the list's order (longest first) with the section's heads innermost."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import pytest
+
+pytest.importorskip("triton.experimental.gluon")
+
+from thd.ops.attention.gluon import tiles
+
+
+def _order(programs: int) -> Callable[[int, int, int, int, int], tuple[int, int]]:
+    """``item_and_head`` as a Python function on ``programs`` programs."""
+    fn = tiles.item_and_head.fn
+    stub = types.SimpleNamespace(num_programs=lambda axis: programs)
+    return types.FunctionType(fn.__code__, {**fn.__globals__, "gl": stub}, fn.__name__)
+
+
+def _taken(
+    programs: int, items: int, heads: int, section: int, serpentine: int
+) -> list[list[tuple[int, int]]]:
+    """Per program, the (item, head) pairs it takes, in its order."""
+    order, total = _order(programs), items * heads
+    return [
+        [order(w, total, heads, section, serpentine) for w in range(p, total, programs)]
+        for p in range(programs)
+    ]
+
+
+@pytest.mark.parametrize("serpentine", [0, 1])
+@pytest.mark.parametrize("programs", [1, 3, 7, 132])
+@pytest.mark.parametrize(("items", "heads"), [(1, 1), (5, 2), (17, 4), (132, 16), (263, 12)])
+def test_every_item_and_head_is_taken_once(items: int, heads: int, programs: int, serpentine: int) -> None:
+    for section in (d for d in range(1, heads + 1) if heads % d == 0):
+        taken = [pair for pairs in _taken(programs, items, heads, section, serpentine) for pair in pairs]
+        assert sorted(taken) == [(i, h) for i in range(items) for h in range(heads)], (section, taken)
+
+
+@pytest.mark.parametrize(("items", "heads", "section"), [(17, 4, 1), (17, 4, 2), (9, 6, 3), (5, 8, 8)])
+def test_sections_come_one_after_another_longest_first(items: int, heads: int, section: int) -> None:
+    """Without serpentine rounds, ``w`` in order walks section after section; in each, the items in
+    the list's order and the section's heads innermost."""
+    order = _order(1)
+    walked = [order(w, items * heads, heads, section, 0) for w in range(items * heads)]
+    expected = [
+        (i, s * section + h) for s in range(heads // section) for i in range(items) for h in range(section)
+    ]
+    assert walked == expected
+
+
+def test_serpentine_reverses_every_other_full_round() -> None:
+    """Program ``p`` of ``G`` takes item ``G - 1 - p`` of each odd full round; a last partial round
+    is not reversed."""
+    programs, items = 4, 10  # one head: rounds [0, 4), [4, 8) reversed, [8, 10) partial
+    taken = _taken(programs, items, 1, 1, 1)
+    assert [[i for i, _ in pairs] for pairs in taken] == [[0, 7, 8], [1, 6, 9], [2, 5], [3, 4]]
