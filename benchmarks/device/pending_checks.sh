@@ -9,6 +9,8 @@
 # Thirteenth session: call 7 ran once (H100): the row-sum tests failed (the [128, 8] ones layout;
 # gluon-fwd-rowsum-ab-failed-h100.json), fixed on the CPU (8dec3d2); no machine started after it.
 #   device: bash benchmarks/device/pending_checks.sh 9   (7 + 8 in one call; 5 after fa4-wheels.sh stage)
+# Fourteenth session: no device machine started (eleven failed starts). Added call 10 (the
+# persistent backward's tests and timing; carry [".ab"], it falls back to call 7's A/B) and 11.
 # Call 1: the family GPU tests, the Gluon forward's wait profile on the merged order and staged
 #   output, then the prefer-gluon attention files.
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
