@@ -185,6 +185,27 @@ def _dkdv_key_tile_loads(
 
 
 @gluon.jit
+def _dkdv_descriptors(
+    q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
+    kv_head, k_smem, q_smem, GROUP: gl.constexpr,
+):  # fmt: skip
+    """``(k, v, q, do)`` descriptors over one sequence's ``[length, heads * D]`` rows (heads adjacent
+    in a row, up to this kv head's group), read in the shared buffers' tiles: rows past the
+    sequence load as zeros."""
+    BLOCK_N: gl.constexpr = k_smem.shape[0]
+    HEAD_DIM: gl.constexpr = k_smem.shape[1]
+    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    smem: gl.constexpr = _SMEM_LAYOUT
+    width_kv = (kv_head + 1) * HEAD_DIM
+    width_q = width_kv * GROUP
+    k_desc = row_descriptor(k_base, seqlen_k, width_kv, stride_kt, BLOCK_N, HEAD_DIM, smem)
+    v_desc = row_descriptor(v_base, seqlen_k, width_kv, stride_vt, BLOCK_N, HEAD_DIM, smem)
+    q_desc = row_descriptor(q_base, seqlen_q, width_q, stride_qt, BLOCK_M, HEAD_DIM, smem)
+    do_desc = row_descriptor(do_base, seqlen_q, width_q, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    return k_desc, v_desc, q_desc, do_desc
+
+
+@gluon.jit
 def _dkdv_item_loads(
     item, buffers, it, j, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr
 ):
@@ -196,20 +217,11 @@ def _dkdv_item_loads(
         seqlen_q, k_start, seqlen_k, d_lo, d_hi, lse_ptr, delta_ptr, stride_lse_h,
     ) = item  # fmt: skip
     k_smem, _, q_smem, _, _, _, _, _, _, _ = buffers
-    BLOCK_N: gl.constexpr = k_smem.shape[0]
-    HEAD_DIM: gl.constexpr = k_smem.shape[1]
-    BLOCK_M: gl.constexpr = q_smem.shape[1]
-    smem: gl.constexpr = _SMEM_LAYOUT
-    width_kv = (kv_head + 1) * HEAD_DIM
-    width_q = width_kv * GROUP
-    k_base = k_ptr + k_start.to(gl.int64) * stride_kt
-    v_base = v_ptr + k_start.to(gl.int64) * stride_vt
-    k_desc = row_descriptor(k_base, seqlen_k, width_kv, stride_kt, BLOCK_N, HEAD_DIM, smem)
-    v_desc = row_descriptor(v_base, seqlen_k, width_kv, stride_vt, BLOCK_N, HEAD_DIM, smem)
-    q_base = q_ptr + q_start.to(gl.int64) * stride_qt
-    do_base = do_ptr + q_start.to(gl.int64) * stride_dot
-    q_desc = row_descriptor(q_base, seqlen_q, width_q, stride_qt, BLOCK_M, HEAD_DIM, smem)
-    do_desc = row_descriptor(do_base, seqlen_q, width_q, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    k_desc, v_desc, q_desc, do_desc = _dkdv_descriptors(
+        q_ptr + q_start.to(gl.int64) * stride_qt, do_ptr + q_start.to(gl.int64) * stride_dot,
+        k_ptr + k_start.to(gl.int64) * stride_kt, v_ptr + k_start.to(gl.int64) * stride_vt, stride_qt,
+        stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k, kv_head, k_smem, q_smem, GROUP,
+    )  # fmt: skip
     tile = (n0, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, q_start, lse_ptr, delta_ptr, stride_lse_h)
     return _dkdv_key_tile_loads(
         k_desc, v_desc, q_desc, do_desc, tile, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT
@@ -228,15 +240,10 @@ def _dkdv_producer(args, GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT:
         lse_ptr, delta_ptr, stride_lse_h, q_start, lse_smem, delta_smem,
     ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
-    HEAD_DIM: gl.constexpr = k_smem.shape[1]
-    BLOCK_M: gl.constexpr = q_smem.shape[1]
-    smem: gl.constexpr = _SMEM_LAYOUT
-    width_kv = (kv_head + 1) * HEAD_DIM
-    width_q = width_kv * GROUP
-    k_desc = row_descriptor(k_base, seqlen_k, width_kv, stride_kt, BLOCK_N, HEAD_DIM, smem)
-    v_desc = row_descriptor(v_base, seqlen_k, width_kv, stride_vt, BLOCK_N, HEAD_DIM, smem)
-    q_desc = row_descriptor(q_base, seqlen_q, width_q, stride_qt, BLOCK_M, HEAD_DIM, smem)
-    do_desc = row_descriptor(do_base, seqlen_q, width_q, stride_dot, BLOCK_M, HEAD_DIM, smem)
+    k_desc, v_desc, q_desc, do_desc = _dkdv_descriptors(
+        q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
+        kv_head, k_smem, q_smem, GROUP,
+    )  # fmt: skip
     buffers = (k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem)
     it = 0
     j = 0
@@ -688,8 +695,9 @@ def _dkdv_persistent_kernel(
 ):  # fmt: skip
     """``_dkdv_kernel``'s work on ``G`` persistent programs: each takes every ``G``-th item of the
     key tiles' work list (``count_ptr[0]`` tiles times the kv heads, :func:`_dkdv_work_item`), so no
-    program starts for a tile that does not exist and the next item's copies overlap this one's
-    products. The programs first zero the padding rows of dK and dV between them, (slot, kv head)
+    program starts for a tile that does not exist, the next item's descriptors are built under this
+    one's products and its copies start once the consumers release K/V, under their epilogue
+    (stores of dK/dV). The programs first zero the padding rows of dK and dV between them, (slot, kv head)
     pairs round robin; without ``SLOTS`` (packed key offsets) only the tail past the last sequence
     can hold padding."""
     if not ACCUMULATE:  # accumulating leaves every row outside this launch's real rows as it is
