@@ -277,6 +277,38 @@ def test_one_consumer_partition(layout_name, causal, window, dim, heads, atomic,
         assert atomic or torch.equal(a, b), f"{name} not reproducible"
 
 
+@pytest.mark.usefixtures("atomic_dq")
+def test_cuda_graph_replay_on_new_offsets() -> None:
+    """Captured once on one layout (no host sync while capturing), replayed after another layout's
+    document boundaries, ``out`` and ``lse`` are copied into the captured tensors: dK and dV equal an
+    eager backward on the new layout bit for bit, dQ (fp32 adds in any order) to rounding, and all
+    match the reference. The persistent programs' work list is rebuilt inside the graph."""
+    old = make_layout("old", [200, 56, 300], pad_q=[56, 8, 20], capacity_q=16)
+    new = make_layout("new", [10, 246, 290], pad_q=[0, 10, 84], capacity_q=16)
+    assert old.total_q == new.total_q
+    options = AttentionOptions(64**-0.5, causal=True)
+    q, k, v, do, new_out, new_lse, new_varlen = _case(new, (4, 2), 64, torch.bfloat16, options)
+    varlen, out, lse = _varlen(old), new_out.clone(), new_lse.clone()  # captured on the old offsets
+    gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))  # compiled outside
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            captured = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for dst, src in zip(varlen.tensors()[:4], new_varlen.tensors()[:4], strict=True):
+        dst.copy_(src)
+    graph.replay()
+    graph.replay()
+    eager = gluon_backward.backward(backward_call(do, q, k, v, new_out, new_lse, new_varlen, options))
+    assert torch.equal(captured[1], eager[1]) and torch.equal(captured[2], eager[2])
+    torch.testing.assert_close(captured[0], eager[0], atol=1e-2, rtol=1e-2)
+    tl_grads = tl_backward(do, q, k, v, new_out, new_lse, new_varlen, options)
+    _check(new, captured, tl_grads, _reference_grads(q, k, v, do, new, options))
+
+
 # Many short documents (one empty), slots padded: hundreds of (document, key tile, kv head) items.
 _MANY_LENGTHS = [(37 * i) % 300 + (0 if i == 5 else 1) for i in range(40)]
 LAYOUTS["many"] = make_layout("many", _MANY_LENGTHS, pad_q=[i % 3 * 7 for i in range(40)], capacity_q=33)
