@@ -27,6 +27,7 @@ from thd.ops.attention.gluon.host import (
     on_gluon_device,
     row_strides,
     same_dtype,
+    section_size,
     sequence_args,
 )
 from thd.ops.attention.gluon.work_lists import planned_work_list
@@ -247,7 +248,7 @@ def _make_plan(
                 (num_seqs, rows_k, capacity),
                 {"BLOCK_M": tile.block_n, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
             )
-            section = head_section(num_kv_heads, tile)
+            section = section_size(num_kv_heads, tile.head_section)
             dkdv = PlannedLaunch(
                 (min(device_sms(k), capacity * num_kv_heads),),
                 (*tail, num_seqs, num_kv_heads, section, int(tile.serpentine)),
@@ -272,13 +273,6 @@ def persistent(tile: GluonTile) -> bool:
     """Whether the dK/dV kernel runs persistent programs: :data:`PERSISTENT` where set, else the
     tile's."""
     return tile.persistent if PERSISTENT is None else PERSISTENT
-
-
-def head_section(num_kv_heads: int, tile: GluonTile) -> int:
-    """KV heads per section of the persistent kernel's list: the largest divisor of
-    ``num_kv_heads`` up to the tile's ``head_section`` (0: all)."""
-    wanted = num_kv_heads if tile.head_section <= 0 else min(tile.head_section, num_kv_heads)
-    return max(d for d in range(1, wanted + 1) if num_kv_heads % d == 0)
 
 
 def _plan(call: BackwardCall, inputs: tuple, grads: tuple, atomic: bool) -> tuple[_BackwardPlan, bool]:
@@ -323,11 +317,11 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
         plan.preprocess.run(kernels._preprocess_kernel, head, reused)
     ensure_scratch_allocator()
     _, layout_args = sequence_args(layout)
-    if plan.work_list is not None and plan.dkdv is not None:
+    if plan.dkdv is not None and plan.work_list is None:
+        plan.dkdv.run(kernels._dkdv_kernel, (*inputs, dk, dv, dq, *layout_args), reused)
+    elif plan.dkdv is not None and plan.work_list is not None:  # persistent programs over the key tiles
         work = planned_work_list(layout.cu_seqlens_kv, layout.slots_kv, plan.work_list, plan.capacity, reused)
         plan.dkdv.run(kernels._dkdv_persistent_kernel, (*inputs, dk, dv, dq, *layout_args, *work), reused)
-    elif plan.dkdv is not None:
-        plan.dkdv.run(kernels._dkdv_kernel, (*inputs, dk, dv, dq, *layout_args), reused)
     if atomic:
         dq = dq if accumulate is not None else dq.to(q.dtype)
     elif plan.dq is not None:

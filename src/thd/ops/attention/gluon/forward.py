@@ -25,6 +25,7 @@ from thd.ops.attention.gluon.host import (
     on_gluon_device,
     row_strides,
     same_dtype,
+    section_size,
     sequence_args,
 )
 from thd.ops.attention.gluon.work_lists import WorkList, planned_work_list
@@ -183,9 +184,7 @@ def head_section(units: int, tile: GluonTile) -> int:
     """Heads per work-list section for ``units`` heads (or head pairs) per item: the largest divisor
     of ``units`` up to :data:`HEAD_SECTION` (or the tile's ``head_section`` where that is ``None``);
     ``units`` (one section) where the setting is 0."""
-    wanted = tile.head_section if HEAD_SECTION is None else HEAD_SECTION
-    wanted = units if wanted <= 0 else min(wanted, units)
-    return max(d for d in range(1, wanted + 1) if units % d == 0)
+    return section_size(units, tile.head_section if HEAD_SECTION is None else HEAD_SECTION)
 
 
 def work_order(tile: GluonTile) -> tuple[bool, bool]:

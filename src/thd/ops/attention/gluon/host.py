@@ -27,6 +27,7 @@ __all__ = [
     "on_gluon_device",
     "row_strides",
     "same_dtype",
+    "section_size",
     "sequence_args",
     "WarpSpecializedTile",
 ]
@@ -61,6 +62,13 @@ def _is_sm90(index: int) -> bool:
 @functools.cache
 def num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def section_size(units: int, wanted: int) -> int:
+    """Heads per section of a persistent kernel's work list of ``units`` heads (or head pairs): the
+    largest divisor of ``units`` up to ``wanted``; ``units`` (one section) where ``wanted <= 0``."""
+    wanted = units if wanted <= 0 else min(wanted, units)
+    return max(d for d in range(1, wanted + 1) if units % d == 0)
 
 
 def device_sms(t: Tensor) -> int:
