@@ -36,6 +36,10 @@
 #   (backward.PERSISTENT, off in every tile; compiled on the CPU only): their GPU tests, then the
 #   backward alone against the per-tile programs and tl, head dims 64 and 128, short and long
 #   documents, one process per layout; if the tests do not pass, call 7's A/B instead.
+# Fifteenth session: call 10 ran (H100): the persistent tests passed, the backward alone 1.08x the
+#   per-tile programs at head dim 64 on 64-1024, 0.93x at 128, 0.54-0.55x on 32k of 512-8192: the
+#   static rounds in sections of one head (busiest program 1.87x the mean work there). Call 12: the
+#   same with one section of all heads (the new default) on five layouts, in CALL_BUDGET_S (380).
 # Call 8: every GPU test under prefer-gluon, twelve pytest workers (xdist: the compiles run in
 #   parallel and share the Triton cache on disk; pytest-benchmark off, its xdist warning is an error
 #   under our filterwarnings); SIGINT at the limit, so pytest still prints its summary. FA4 tests
@@ -61,7 +65,7 @@ prefer_gluon_suite() {  # $1: seconds; SIGINT at the limit, so pytest still prin
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|9|10|11|trees}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|7|8|9|10|11|12|trees}" in
 trees)  # on the CPU machine: call 7's tree
   rm -rf .ab/rowsum && mkdir -p .ab/rowsum && cp -r src .ab/rowsum/
   sed -i "s/consumer_regs=160, serpentine=True)/consumer_regs=160, serpentine=True, rowsum_mma=True)/" \
@@ -156,6 +160,25 @@ trees)  # on the CPU machine: call 7's tree
     PYTHONPATH=src:benchmarks:. timeout "$limit" python3 benchmarks/bench_gluon_bwd.py --dims "$dim" \
       --tokens "$tokens" --docs "$docs" --providers tl gluon --dkdv-tiles "$tile" --rep-ms 40 \
       --out "$OUT/gluon-bwd-persistent-d$dim-$tokens-$docs.json" 2>&1 | grep -E '^D[0-9]'
+  done
+  ;;
+12)  # CALL_BUDGET_S (default 380): the persistent tests, then the backward alone on five layouts
+  started=$(date +%s)
+  budget=${CALL_BUDGET_S:-380}
+  echo "== persistent dK/dV tests $(date +%T)"
+  PYTHONPATH=src:. timeout -s INT -k 15 100 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+    --timeout 90 -rfE tests/ops/gluon/test_backward_gpu.py -k persistent > "$OUT/persistent-tests.log" 2>&1
+  tail -4 "$OUT/persistent-tests.log"
+  for run in 64:128x128s2c2p:16384:64-1024 128:64x128s3c2p:16384:64-1024 64:128x128s2c2p:16384:256-4096 \
+             64:128x128s2c2p:32768:512-8192 128:64x128s3c2p:32768:512-8192; do
+    IFS=: read -r dim tile tokens docs <<< "$run"
+    left=$((budget - $(date +%s) + started)); limit=60
+    [ "$left" -lt "$limit" ] && limit=$left
+    [ "$limit" -lt 30 ] && { echo "== no time left for D$dim $tokens $docs"; continue; }
+    echo "== backward alone, D$dim $tokens $docs ($limit s) $(date +%T)"
+    PYTHONPATH=src:benchmarks:. timeout "$limit" python3 benchmarks/bench_gluon_bwd.py --dims "$dim" \
+      --tokens "$tokens" --docs "$docs" --providers tl gluon --dkdv-tiles "$tile" --rep-ms 40 \
+      --out "$OUT/gluon-bwd-persistent-all-heads-d$dim-$tokens-$docs.json" 2>&1 | grep -E '^D[0-9]'
   done
   ;;
 esac

@@ -31,6 +31,9 @@ def test_tile_specs_read_back(bench: types.ModuleType) -> None:
     persistent = bench._tile("128x128s2c2p")
     assert persistent.persistent and (persistent.block_m, persistent.consumers) == (128, 2)
     assert bench._spec(persistent) == "128x128s2c2p"
+    one_head = bench._tile("128x128s2c2ph1")
+    assert one_head.persistent and one_head.head_section == 1
+    assert bench._spec(one_head) == "128x128s2c2ph1"
     assert bench._docs("64-1024") == (64, 1024)
 
 
@@ -42,6 +45,7 @@ def test_tile_specs_read_back(bench: types.ModuleType) -> None:
         ["--dkdv-tiles", "64x96s2c2"],
         ["--dkdv-tiles", "64x128s2c3"],
         ["--dkdv-tiles", "64x128s0c2"],
+        ["--dkdv-tiles", "64x128s2c2h4"],  # a head section without persistent programs
         ["--dq-tiles", "128x64s2c1r232"],
         ["--dq-tiles", "128x64s2c2r250"],
         ["--docs", "8192-512"],

@@ -6,6 +6,7 @@ in the list's order (longest first) with the section's heads innermost."""
 
 from __future__ import annotations
 
+import random
 import types
 from collections.abc import Callable
 
@@ -61,3 +62,53 @@ def test_serpentine_reverses_every_other_full_round() -> None:
     programs, items = 4, 10  # one head: rounds [0, 4), [4, 8) reversed, [8, 10) partial
     taken = _taken(programs, items, 1, 1, 1)
     assert [[i for i, _ in pairs] for pairs in taken] == [[0, 7, 8], [1, 6, 9], [2, 5], [3, 4]]
+
+
+def _document_lengths(total: int, lo: int, hi: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    lengths: list[int] = []
+    while sum(lengths) < total:
+        lengths.append(min(rng.randint(lo, hi), total - sum(lengths)))
+    return lengths
+
+
+def _dkdv_items(lengths: list[int], block_n: int) -> list[tuple[int, int]]:
+    """The persistent dK/dV kernel's work list as ``schedule.build_work_list`` orders it: (sequence,
+    blk) with blk (key tile ``tiles - 1 - blk``) highest first, sequences in order within a blk."""
+    tiles = [-(-n // block_n) for n in lengths]
+    return [(s, blk) for blk in range(max(tiles) - 1, -1, -1) for s, t in enumerate(tiles) if blk < t]
+
+
+def _causal_work(lengths: list[int], seq: int, blk: int, block_m: int, block_n: int) -> int:
+    """Query tiles a causal mask leaves under item (seq, blk): from the key tile's diagonal on."""
+    n = lengths[seq]
+    first_query_tile = (-(-n // block_n) - 1 - blk) * block_n // block_m
+    return -(-n // block_m) - first_query_tile
+
+
+LAYOUTS = [(16384, 64, 1024), (16384, 256, 4096), (32768, 512, 8192), (65536, 25000, 40000)]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize(("tokens", "lo", "hi"), LAYOUTS)
+def test_persistent_backward_rounds_balance_causal_work(tokens: int, lo: int, hi: int, head_dim: int) -> None:
+    """The default persistent dK/dV tile's static rounds on 132 programs and 16 heads: the busiest
+    program's causal work (query tiles under its key tiles) at most 1.1x the mean, on the goal
+    table's layouts. Sections of one head left 1.87x on 32k of 512-8192."""
+    from thd.ops.attention.gluon import backward, host
+
+    tile = backward.TILES[("dkdv", head_dim)]
+    programs, heads = 132, 16
+    section = host.section_size(heads, tile.head_section)
+    order = _order(programs)
+    for seed in range(3):
+        lengths = _document_lengths(tokens, lo, hi, seed)
+        items = _dkdv_items(lengths, tile.block_n)
+        total = len(items) * heads
+        loads = [0] * programs
+        for p in range(programs):
+            for w in range(p, total, programs):
+                seq, blk = items[order(w, total, heads, section, int(tile.serpentine))[0]]
+                loads[p] += _causal_work(lengths, seq, blk, tile.block_m, tile.block_n)
+        mean = sum(loads) / programs
+        assert max(loads) <= 1.1 * mean, (seed, len(lengths), max(loads), mean)

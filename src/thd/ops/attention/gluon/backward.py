@@ -62,9 +62,12 @@ class GluonTile(WarpSpecializedTile):
     # Persistent dK/dV programs (one per SM) over a device-built list of (sequence, key tile, kv
     # head) items, longest first (``backward_kernel._dkdv_persistent_kernel``), in static rounds of
     # the heads in sections of ``head_section`` (0: all), every other round reversed with
-    # ``serpentine`` (``tiles.item_and_head``); else one program per key tile.
+    # ``serpentine`` (``tiles.item_and_head``); else one program per key tile. One section of all
+    # heads: with sections of one head the static rounds left the busiest program 1.87x the mean
+    # work on 32k of 512-8192 (``tests/ops/gluon/test_work_order.py``'s balance check), and the
+    # backward alone ran 0.54x the per-tile programs there (``gluon-bwd-persistent-17a7487-h100.json``).
     persistent: bool = False
-    head_section: int = 1
+    head_section: int = 0
     serpentine: bool = True
 
     @property
