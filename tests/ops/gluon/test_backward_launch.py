@@ -57,15 +57,25 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list]:
     work_lists.clear_work_lists()
 
 
-def _call(seed: int, lengths: tuple[int, ...], *, deterministic: bool, sinks: bool = False) -> BackwardCall:
-    """A backward of new tensors (new objects every time) on packed ``lengths``, head dim 64."""
+def _call(
+    seed: int,
+    lengths: tuple[int, ...],
+    *,
+    deterministic: bool,
+    sinks: bool = False,
+    head_dim: int = 64,
+    max_seqlen: int | None = None,
+) -> BackwardCall:
+    """A backward of new tensors (new objects every time) on packed ``lengths``; ``max_seqlen``
+    (default: the longest length) as both bounds."""
     gen = torch.Generator().manual_seed(seed)
     rows = sum(lengths)
-    q, k, v, do, out = (torch.randn(rows, 4, 64, dtype=torch.bfloat16, generator=gen) for _ in range(5))
+    q, k, v, do, out = (torch.randn(rows, 4, head_dim, dtype=torch.bfloat16, generator=gen) for _ in range(5))
     k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
     lse = torch.randn(4, rows, generator=gen)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    layout = VarlenLayout(cu, cu, max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
+    bound = max(lengths) if max_seqlen is None else max_seqlen
+    layout = VarlenLayout(cu, cu, max_seqlen_q=bound, max_seqlen_kv=bound)
     saved = SavedForBackward(q, k, v, out, lse, torch.zeros(4) if sinks else None)
     return BackwardCall(do, saved, layout, AttentionOptions(0.125, causal=True, deterministic=deterministic))
 
@@ -179,3 +189,21 @@ def test_persistent_work_list_holds_every_key_tile_once(
     assert grid == (4,)
     assert kwargs["SLOTS"] is slots
     assert args[names.index("num_kv_heads")] == 2 and args[names.index("num_seqs")] == len(lengths_kv)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "max_seqlen", "expected"),
+    [(64, 1024, True), (64, 2048, True), (64, 2049, False), (64, 8192, False), (128, 1024, False)],
+)
+def test_default_tiles_take_persistent_programs_on_short_documents_at_head_dim_64(
+    calls: list, monkeypatch: pytest.MonkeyPatch, head_dim: int, max_seqlen: int, expected: bool
+) -> None:
+    """With ``PERSISTENT`` unset, the default tiles choose: persistent dK/dV programs at head dim 64
+    up to 2048 key rows per sequence (measured faster there), one program per key tile elsewhere."""
+    monkeypatch.setattr(gluon_backward, "PERSISTENT", None)
+    monkeypatch.setattr(gluon_backward, "device_sms", lambda t: 4)
+    gluon_backward.backward(
+        _call(0, (70, 130), deterministic=False, head_dim=head_dim, max_seqlen=max_seqlen)
+    )
+    dkdv = [name for name, *_ in calls if name.startswith("_dkdv")]
+    assert dkdv == ["_dkdv_persistent_kernel" if expected else "_dkdv_kernel"]

@@ -62,12 +62,11 @@ class GluonTile(WarpSpecializedTile):
     # Persistent dK/dV programs (one per SM) over a device-built list of (sequence, key tile, kv
     # head) items, longest first (``backward_kernel._dkdv_persistent_kernel``), in static rounds of
     # the heads in sections of ``head_section`` (0: all), every other round reversed with
-    # ``serpentine`` (``tiles.item_and_head``); else one program per key tile. One section of all
-    # heads: with sections of one head the static rounds left the busiest program 1.87x the mean
-    # work on 32k of 512-8192 (``tests/ops/gluon/test_work_order.py``'s balance check), and the
-    # backward alone ran 0.54x the per-tile programs there (``gluon-bwd-persistent-17a7487-h100.json``).
+    # ``serpentine`` (``tiles.item_and_head``): always with ``persistent``, else where the call's
+    # ``max_seqlen_kv`` is at most ``persistent_up_to``; elsewhere one program per key tile.
     persistent: bool = False
-    head_section: int = 0
+    persistent_up_to: int = 0
+    head_section: int = 4
     serpentine: bool = True
 
     @property
@@ -105,7 +104,8 @@ ONE_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
 # dQ, two partitions add each dQ tile by a TMA reduce-add (FA3's), one partition (or a dq buffer
 # TMA cannot address) by per-element atomics.
 TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
-    ("dkdv", 64): GluonTile(block_m=128, block_n=128, consumers=2),
+    # persistent where the documents are short: gluon-bwd-persistent-sections-bf9bea9-h100.json
+    ("dkdv", 64): GluonTile(block_m=128, block_n=128, consumers=2, persistent_up_to=2048),
     ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2, num_stages=3),
     ("dq", 64): GluonTile(block_m=128, block_n=128, consumers=2),
     ("dq", 128): GluonTile(block_m=128, block_n=64, consumers=2),
@@ -243,7 +243,7 @@ def _make_plan(
             tile = replace(tile, consumers=1)
         keywords = {**variant, "DQ_ATOMIC": atomic, **tile.constexprs(), "num_warps": tile.num_warps}
         tail = (*sizes, *row_strides(dk, dv, dq), lse.stride(0), *window)
-        if persistent(tile) and num_seqs > 0:
+        if persistent(tile, max_kv) and num_seqs > 0:
             rows_k = k.shape[0]
             capacity = rows_k // tile.block_n + num_seqs + 1  # bounds the key tiles of any valid layout
             work_list = PlannedLaunch(
@@ -272,10 +272,12 @@ def _make_plan(
     return _BackwardPlan(tiles, preprocess, dkdv, dq_launch, work_list, capacity)
 
 
-def persistent(tile: GluonTile) -> bool:
+def persistent(tile: GluonTile, max_seqlen_kv: int) -> bool:
     """Whether the dK/dV kernel runs persistent programs: :data:`PERSISTENT` where set, else the
-    tile's."""
-    return tile.persistent if PERSISTENT is None else PERSISTENT
+    tile's choice for a call whose longest key sequence has ``max_seqlen_kv`` rows."""
+    if PERSISTENT is not None:
+        return PERSISTENT
+    return tile.persistent or max_seqlen_kv <= tile.persistent_up_to
 
 
 def _plan(call: BackwardCall, inputs: tuple, grads: tuple, atomic: bool) -> tuple[_BackwardPlan, bool]:
