@@ -92,7 +92,6 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
         "PACK": 1,
         "DYNAMIC": max(head_dim, head_dim_v) >= 128,  # as the tile table (forward.TILES) has it
         "PROFILE": False,
-        "ROWSUM_MMA": False,
     }
     meta.update(flags)
     if not meta["PROFILE"]:
@@ -163,10 +162,6 @@ CONFIGS: dict[str, Config] = {
     ),
     "d64-two-consumers": _forward(64, 64, STAGES=3),
     "d64-causal-bf16": _forward(64, 64, BLOCK_M=192, STAGES=3, NUM_WG=3, CONSUMER_REGS=160, DYNAMIC=False),
-    "d64-causal-bf16-rowsum-mma": _forward(
-        64, 64, BLOCK_M=192, STAGES=3, NUM_WG=3, CONSUMER_REGS=160, DYNAMIC=False, ROWSUM_MMA=True
-    ),
-    "d128-causal-bf16-rowsum-mma": _forward(ROWSUM_MMA=True),
     "d128-variants-bf16": _forward(**_VARIANTS),
     "d256-causal-bf16": _forward(256, 256, BLOCK_N=32),
     "d256-variants-fp16": _forward(256, 256, "fp16", BLOCK_N=32, **_VARIANTS),

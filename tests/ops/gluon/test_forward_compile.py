@@ -107,22 +107,3 @@ def test_the_wait_profile_compiles_out_unless_asked_for() -> None:
     stats = compile_in_subprocess(python, ("d128-causal-bf16", "d128-causal-bf16-profile"), ptxas=True)
     assert stats["d128-causal-bf16"]["clock64"] == 0 and stats["d128-causal-bf16"]["spill_bytes"] == 0
     assert stats["d128-causal-bf16-profile"]["clock64"] > 0
-
-
-def test_row_sums_on_the_tensor_cores_replace_the_softmax_adds_with_triton_3_6() -> None:
-    """``ROWSUM_MMA`` at head dim 64 (three consumers): one ``m64n8k16`` product per 16 keys more in
-    each of the two key-loop sites of each consumer (3 * 2 * 128 / 16 = 48 ``wgmma`` more), and the
-    softmax's per-score adds gone from the SASS (``FADD`` falls by more than 3 * 2 * 64); ptxas
-    injects no wait and serialises no product. ``ones`` is read keys-major, as K is: stored as
-    ``[128, 8]`` (unswizzled, read transposed) it gave wrong sums on an H100."""
-    python = os.environ.get("THD_TRITON36_PYTHON", "")
-    if not python:
-        pytest.skip("THD_TRITON36_PYTHON is unset: name a Python with triton==3.6.0 (torch not needed)")
-    names = ("d64-causal-bf16", "d64-causal-bf16-rowsum-mma")
-    stats = compile_in_subprocess(python, names, ptxas=True)
-    plain, rowsum = stats["d64-causal-bf16"], stats["d64-causal-bf16-rowsum-mma"]
-    assert rowsum["wgmma"] - plain["wgmma"] == 48, (plain, rowsum)
-    assert rowsum["wgmma_n8"] == 48 and plain["wgmma_n8"] == 0, (plain, rowsum)
-    assert rowsum["wgmma_n8_trans_b"] == 0, rowsum
-    assert plain["fadd"] - rowsum["fadd"] > 3 * 2 * 64, (plain, rowsum)
-    assert rowsum["injected_waits"] == 0 and rowsum["wgmma_serialized"] == 0, rowsum

@@ -40,15 +40,6 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(params=[False, True], ids=["fadd-sums", "mma-sums"])
-def row_sums(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """The softmax's row sums by adds (every tile's default) or on the tensor cores (``ROWSUM_MMA``)."""
-    monkeypatch.setattr(gluon_forward, "ROWSUM_MMA", request.param)
-    gluon_forward.PLANS.clear()
-    yield request.param
-    gluon_forward.PLANS.clear()
-
-
 def _skip_unless_sm90() -> None:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
@@ -225,7 +216,7 @@ def test_forward_matches_tl_forward() -> None:
     assert torch.equal(out[~real], tl_out[~real])
 
 
-def test_forward_accumulate_matches_tl(row_sums: bool) -> None:
+def test_forward_accumulate_matches_tl() -> None:
     """``accumulate=(out, lse)`` folds a second key set into a partial result, as the ring does;
     rows outside the launch's real rows are left as they were."""
     _skip_unless_sm90()
@@ -428,7 +419,7 @@ def test_work_orders_change_the_order_not_the_result(
 
 
 @pytest.mark.parametrize("dim", [64, 128])
-def test_nan_in_a_real_key_propagates(dim: int, row_sums: bool) -> None:
+def test_nan_in_a_real_key_propagates(dim: int) -> None:
     """NaN in one element of 16 consecutive real keys (every column position of a 16-column group,
     so every register slot of a thread's scores): exactly the queries that see such a key get NaN
     rows, as in the float64 reference; every other row keeps its value."""
@@ -449,24 +440,3 @@ def test_nan_in_a_real_key_propagates(dim: int, row_sums: bool) -> None:
     finite = ~want_nan
     atol, rtol = OUT_TOL[BF16]
     assert_close(out[finite], ref_out[finite].to(out.dtype), "out (finite part)", atol=atol, rtol=rtol)
-
-
-@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("dim", [64, 128])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_row_sums_on_the_tensor_cores_match_reference(
-    causal: bool, dim: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``ROWSUM_MMA`` (``P @ ones`` for the softmax's denominators): every layout within the dtype's
-    tolerance of the float64 reference with padding rows exact (a row that sees no key keeps lse
-    -inf and out 0); a window with softcap and sinks too."""
-    monkeypatch.setattr(gluon_forward, "ROWSUM_MMA", True)
-    gluon_forward.PLANS.clear()
-    try:
-        for name, layout in LAYOUTS.items():
-            _run(layout, 4, 2, dim, dim, dtype, AttentionOptions(dim**-0.5, causal=causal), seed=len(name))
-        sinks = torch.tensor([0.5, -1.0, 2.0, float("-inf")], device="cuda")
-        windowed = AttentionOptions(dim**-0.5, causal=causal, window_size=(37, -1), softcap=20.0)
-        _run(LAYOUTS["cross"], 4, 2, dim, dim, dtype, windowed, sinks)
-    finally:
-        gluon_forward.PLANS.clear()

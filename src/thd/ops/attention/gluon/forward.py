@@ -37,7 +37,6 @@ __all__ = [
     "head_section",
     "packed_heads",
     "work_order",
-    "rowsum_mma",
     "GluonTile",
     "TILES",
     "forward",
@@ -69,18 +68,12 @@ class GluonTile(WarpSpecializedTile):
     head_section: int = 0
     dynamic: bool = False
     serpentine: bool = False
-    # The softmax's row sums as ``P @ ones`` on the tensor cores instead of one FADD per score
-    # (``forward_kernel``'s ``ROWSUM_MMA``); meant for three consumers (with two it loses the
-    # ``%clock`` anchor that keeps the softmax before the ``P V`` wait).
-    rowsum_mma: bool = False
 
     @property
     def name(self) -> str:
         text = f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.stages}c{self.consumers}"
         if self.maxnreg != 168 or self.ctas_per_sm != 1:
             text += f"r{self.maxnreg}p{self.ctas_per_sm}"
-        if self.rowsum_mma:
-            text += "m"
         return text
 
 
@@ -195,11 +188,6 @@ def work_order(tile: GluonTile) -> tuple[bool, bool]:
     return dynamic, serpentine and not dynamic
 
 
-def rowsum_mma(tile: GluonTile) -> bool:
-    """Whether the row sums run on the tensor cores: :data:`ROWSUM_MMA` where set, else the tile's."""
-    return tile.rowsum_mma if ROWSUM_MMA is None else ROWSUM_MMA
-
-
 def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> _ForwardPlan:
     q, k, v, layout, options, sinks, accumulate = call
     num_rows, num_heads, num_seqs = q.shape[0], q.shape[1], layout.num_seqs
@@ -251,7 +239,6 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
         "PACK": pack,
         "DYNAMIC": dynamic,
         "PROFILE": False,
-        "ROWSUM_MMA": rowsum_mma(tile),
         "maxnreg": tile.maxnreg,
     }
     return _ForwardPlan(tile, capacity, work_list, PlannedLaunch(grid, tail, keywords))
@@ -320,9 +307,6 @@ across programs however long their items take. ``None``: the tile's ``dynamic``.
 
 SERPENTINE: bool | None = None
 """Whether every other full round of the static order is taken in reverse. ``None``: the tile's."""
-
-ROWSUM_MMA: bool | None = None
-"""Whether the softmax's row sums run on the tensor cores (``P @ ones``). ``None``: the tile's."""
 
 WAIT_PROFILE: Tensor | None = None
 """An int64 buffer of ``(consumers + 1) x 16`` cycle counters: while set, every forward launch adds

@@ -24,10 +24,6 @@ between them, as the ``tl`` kernel does; the cost is proportional to the padding
   consumers take turns issuing their products (one ``turns`` mbarrier each, round robin, FA3's
   ping-pong), so one's softmax runs while another's products occupy the tensor cores.
 
-``ROWSUM_MMA`` (off in every tile so far): the softmax's row sums come from ``P @ ones[BLOCK_N, 8]``,
-one small ``wgmma`` issued before each ``P V`` (fp32 sums of the 16-bit ``P`` that ``P V`` multiplies),
-instead of one ``FADD`` per score; ``l`` is then rescaled with the output.
-
 The descriptors' shapes make the copy engine zero-fill rows past a sequence: padding or spare rows
 never reach shared memory. Masks are applied only on tiles that cross a band edge or the sequence's
 end; output rows are stored with a row mask. Visibility and tile ranges follow ``kernels.py``.
@@ -340,11 +336,9 @@ def _softmax_step(
     HAS_RIGHT: gl.constexpr,
     SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr,
-    ROWSUM_MMA: gl.constexpr,
 ):
     """Fold one tile of raw scores into the running ``(m_i, l_i)`` (log2 domain); returns the
-    probabilities ``p`` (fp32), the new ``m_i``, ``l_i`` and the factor ``alpha`` of the old sums.
-    ``ROWSUM_MMA``: ``l_i`` is returned as it came (the caller sums ``p`` on the tensor cores)."""
+    probabilities ``p`` (fp32), the new ``m_i``, ``l_i`` and the factor ``alpha`` of the old sums."""
     if FOLD_SCALE:
         scale = sm_scale * LOG2E
     else:
@@ -365,8 +359,7 @@ def _softmax_step(
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_safe)
     p = gl.exp2(s * scale - gl.expand_dims(m_safe, 1))
-    if not ROWSUM_MMA:
-        l_i = l_i * alpha + gl.sum(p, 1)
+    l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
 
 
@@ -431,7 +424,6 @@ def _consumer(
     args, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
     FOLD_SCALE: gl.constexpr, HAS_SINKS: gl.constexpr, ACCUMULATE: gl.constexpr,
     WG: gl.constexpr, NUM_WG: gl.constexpr, PACK: gl.constexpr, PROFILE: gl.constexpr, DYNAMIC: gl.constexpr,
-    ROWSUM_MMA: gl.constexpr,
 ):  # fmt: skip
     """Rows ``[WG * ROWS, (WG + 1) * ROWS)`` of every query tile of ``BLOCK_M`` rows (``ROWS =
     BLOCK_M / NUM_WG``); with two consumer partitions both walk the same key tiles (the whole tile's
@@ -440,7 +432,7 @@ def _consumer(
     (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h, work, total, sm_scale, softcap, prof_ptr, items,
-        item_bars, ticket_ptr, ones_t,
+        item_bars, ticket_ptr,
     ) = args  # fmt: skip
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     BLOCK_M: gl.constexpr = PARTS * q_smem.shape[1]
@@ -458,13 +450,6 @@ def _consumer(
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    # ROWSUM_MMA: the row sums of P as P @ ones[BLOCK_N, 8] on the tensor cores (fp32 accumulation of
-    # the bf16/fp16 P that P V multiplies), every column of l_acc one row's sum, rescaled as acc is
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, 8, 16]
-    )
-    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
-    row_l: gl.constexpr = gl.SliceLayout(1, l_layout)
     dtype: gl.constexpr = q_smem.dtype
     zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     # The output through shared memory (this warpgroup's rows of the item's Q buffer, free once its
@@ -514,10 +499,6 @@ def _consumer(
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
             l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
             acc = gl.zeros([ROWS, HEAD_DIM_V], gl.float32, layout=o_layout)
-        if ROWSUM_MMA:
-            l_acc = gl.zeros([ROWS, 8], gl.float32, layout=l_layout) + gl.expand_dims(
-                gl.convert_layout(l_i, row_l), 1
-            )
         qi = t & 1
         if PARTS == 1:
             q_buf = q_smem.index(qi)
@@ -550,11 +531,9 @@ def _consumer(
             _release(k_empty.index(s_idx))  # K is read: its stage may take the next K
             p, m_i, l_i, alpha = _softmax_step(
                 s, m_i, l_i, a, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
-                BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, ROWSUM_MMA,
+                BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE,
             )  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-            if ROWSUM_MMA:
-                l_acc = l_acc * gl.expand_dims(gl.convert_layout(alpha, row_l), 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, num_tiles):
                 kn = a + j * BLOCK_N
@@ -577,25 +556,20 @@ def _consumer(
                 s = warpgroup_mma(
                     q_buf, k_smem.index(n_idx).permute((1, 0)), zero_s, use_acc=False, is_async=True
                 )
-                if ROWSUM_MMA:  # before P V, so that the wait below leaves only P V in flight
-                    l_acc = warpgroup_mma(gl.convert_layout(p_op, pl_layout), ones_t, l_acc, is_async=True)
                 acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
                 _pass_turn(turns, WG, NUM_WG)
                 if PROFILE:
                     f4 = _tick(k)
-                if ROWSUM_MMA:
-                    s, l_acc = warpgroup_mma_wait(1, deps=[s, l_acc])  # P V still in flight
-                else:
-                    s = warpgroup_mma_wait(1, deps=[s])  # this tile's scores; P V still in flight
+                s = warpgroup_mma_wait(1, deps=[s])  # this tile's scores; P V still in flight
                 if PROFILE:
                     c_s += (_tick(k) - f4).to(gl.int32)
                 _release(k_empty.index(n_idx))  # K of tile j is read
                 p, m_i, l_i, alpha = _softmax_step(
                     s, m_i, l_i, kn, rows, seqlen_k, d_lo, d_hi, b_full, c_full, sm_scale, softcap,
-                    BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, ROWSUM_MMA,
+                    BLOCK_N, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE,
                 )  # fmt: skip
-                # measured: +5 % at head dim 128; -9 % with three consumers (ROWSUM_MMA: no l_i here)
-                if NUM_WG == 2 and not ROWSUM_MMA:
+                # measured: +5 % at head dim 128; -9 % with three consumers
+                if NUM_WG == 2:
                     l_i = _after_softmax(l_i)
                 if PROFILE:
                     f5 = _tick(k)
@@ -604,8 +578,6 @@ def _consumer(
                     c_pv += (_tick(k) - f5).to(gl.int32)
                 _release(v_empty.index(s_idx))
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-                if ROWSUM_MMA:
-                    l_acc = l_acc * gl.expand_dims(gl.convert_layout(alpha, row_l), 1)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 it += 1
                 s_idx = n_idx
@@ -620,16 +592,11 @@ def _consumer(
                 g2 = _tick(k)
                 c_v += (g1 - g0).to(gl.int32)
                 c_turn += (g2 - g1).to(gl.int32)
-            if ROWSUM_MMA:
-                l_acc = warpgroup_mma(gl.convert_layout(p_op, pl_layout), ones_t, l_acc, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(s_idx), acc, is_async=True)
             _pass_turn(turns, WG, NUM_WG)
             if PROFILE:
                 g3 = _tick(k)
-            if ROWSUM_MMA:
-                acc, l_acc = warpgroup_mma_wait(0, deps=[acc, l_acc])
-            else:
-                acc = warpgroup_mma_wait(0, deps=[acc])
+            acc = warpgroup_mma_wait(0, deps=[acc])
             if PROFILE:
                 c_pv += (_tick(k) - g3).to(gl.int32)
             _release(v_empty.index(s_idx))
@@ -639,8 +606,6 @@ def _consumer(
         t += 1
         if PROFILE:
             e4 = _tick(t)
-        if ROWSUM_MMA:  # every column holds the row's sum
-            l_i = gl.convert_layout(gl.max(l_acc, 1), row_s)
         if HAS_SINKS:  # one extra denominator term exp(sink) with no value row
             m_i, l_i, alpha = fold_sink(m_i=m_i, l_i=l_i, sinks_ptr=sinks_ptr, head=head)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -698,7 +663,6 @@ def attention_fwd_kernel(
     ACCUMULATE: gl.constexpr, FOLD_SCALE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     SLOTS: gl.constexpr, PACK: gl.constexpr, DYNAMIC: gl.constexpr, PROFILE: gl.constexpr = False,
-    ROWSUM_MMA: gl.constexpr = False,
 ):  # fmt: skip
     """Persistent: program ``p`` of ``G`` takes work items ``p, p + G, ...`` of the device-built
     list (``schedule.build_work_list``: ``count[0]`` query tiles, times the heads), or with
@@ -744,15 +708,6 @@ def attention_fwd_kernel(
         mbarrier.init(v_full.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=NUM_WG)
         mbarrier.init(v_empty.index(i), count=NUM_WG)
-    ones_t = items  # a placeholder where ROWSUM_MMA is off (the consumers then never read it)
-    if ROWSUM_MMA:  # the B operand of the row sums P @ ones: ones[8, BLOCK_N], keys contiguous as
-        # K's tiles (the consumers read its transpose); written once. Keys-major, not [BLOCK_N, 8]
-        # rows of 16 bytes: that layout (unswizzled, read transposed) gave wrong sums on an H100.
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype)
-        ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], ones_layout)
-        fill: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [1, gl.num_warps()], [1, 0])
-        ones_smem.store(gl.full([8, BLOCK_N], 1.0, dtype, layout=fill))
-        ones_t = ones_smem.permute((1, 0))  # [BLOCK_N, 8], read as K's tiles are
     fence_async_shared()
 
     # In Triton 3.6 a tuple bound to a name inside the kernel turns its constexprs into values
@@ -765,7 +720,7 @@ def attention_fwd_kernel(
     consumer = (
         q_smem, k_smem, v_smem, q_bars, k_full, v_full, k_empty, v_empty, turns, out_ptr, lse_ptr,
         sinks_ptr, stride_ot, stride_oh, stride_lse_h, work, total, sm_scale, softcap, prof_ptr, items,
-        item_bars, count_ptr + 1, ones_t,
+        item_bars, count_ptr + 1,
     )  # fmt: skip
     producer = (
         q_ptr, k_ptr, v_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -776,11 +731,11 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 3, PACK, PROFILE, DYNAMIC, ROWSUM_MMA)),
+                             ACCUMULATE, 0, 3, PACK, PROFILE, DYNAMIC)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 3, PACK, PROFILE, DYNAMIC, ROWSUM_MMA)),
+                             ACCUMULATE, 1, 3, PACK, PROFILE, DYNAMIC)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 2, 3, PACK, PROFILE, DYNAMIC, ROWSUM_MMA)),
+                             ACCUMULATE, 2, 3, PACK, PROFILE, DYNAMIC)),
                 (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE,
                              DYNAMIC)),
             ],
@@ -791,9 +746,9 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 2, PACK, PROFILE, DYNAMIC, ROWSUM_MMA)),
+                             ACCUMULATE, 0, 2, PACK, PROFILE, DYNAMIC)),
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 1, 2, PACK, PROFILE, DYNAMIC, ROWSUM_MMA)),
+                             ACCUMULATE, 1, 2, PACK, PROFILE, DYNAMIC)),
                 (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE,
                              DYNAMIC)),
             ],
@@ -804,7 +759,7 @@ def attention_fwd_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (consumer, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, SOFTCAP, FOLD_SCALE, HAS_SINKS,
-                             ACCUMULATE, 0, 1, PACK, PROFILE, DYNAMIC, ROWSUM_MMA)),
+                             ACCUMULATE, 0, 1, PACK, PROFILE, DYNAMIC)),
                 (_producer, (producer, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT, NUM_WG, PACK, PROFILE,
                              DYNAMIC)),
             ],
