@@ -82,8 +82,9 @@ PROVIDERS: dict[str, tuple[bool | None, dict] | None] = {
 def _tile(text: str) -> gluon_backward.GluonTile:
     """``BMxBNsSTAGEScCONSUMERS[rREGS][p[hSECTION]]`` (e.g. ``64x128s2c2``, ``64x128s3c2r232``,
     ``128x128s2c2p``, ``128x128s2c2ph1``; ``p``: the dK/dV kernel's persistent programs, ``hSECTION``
-    their heads per section of the work list, 0 or absent: the tile's default): a tile either kernel
-    can be specialized for (which of them compiles, and in how much shared memory, the run says)."""
+    their heads per section of the work list, ``h0`` all heads, absent the tile's default): a tile
+    either kernel can be specialized for (which of them compiles, and in how much shared memory, the
+    run says)."""
     m = re.fullmatch(r"(\d+)x(\d+)s(\d+)c(\d+)(?:r(\d+))?(p?)(?:h(\d+))?", text)
     if m is None:
         raise argparse.ArgumentTypeError(

@@ -64,6 +64,8 @@ class GluonTile(WarpSpecializedTile):
     # the heads in sections of ``head_section`` (0: all), every other round reversed with
     # ``serpentine`` (``tiles.item_and_head``): always with ``persistent``, else where the call's
     # ``max_seqlen_kv`` is at most ``persistent_up_to``; elsewhere one program per key tile.
+    # Sections of 4 heads: sections of 1 leave the static rounds uneven on long documents, one
+    # section of all heads is slower on short ones (docs/gluon.md, "The persistent backward").
     persistent: bool = False
     persistent_up_to: int = 0
     head_section: int = 4
