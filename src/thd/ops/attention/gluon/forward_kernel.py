@@ -43,7 +43,14 @@ from thd.ops.attention.gluon.compat import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from thd.ops.attention.gluon.tiles import item_and_head, key_tiles
+from thd.ops.attention.gluon.tiles import (
+    fetch_add,
+    item_and_head,
+    key_tiles,
+    publish_item,
+    retire_program,
+    take_item,
+)
 from thd.ops.attention.softmax_terms import fold_sink
 
 __all__ = ["attention_fwd_kernel"]
@@ -118,41 +125,6 @@ def _work_item(
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
     )  # fmt: skip
     return head, m_block, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi, a, b, c, end
-
-
-# ----------------------------------------------------------------------------- dynamic order
-
-
-@gluon.jit
-def _publish_item(items, item_bars, qi, w):
-    """The producer hands work item ``w`` to the consumers through slot ``qi`` (item parity, as
-    the Q buffers): every lane's store, then the slot's barrier."""
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    items.index(qi).store(gl.full([1], w, gl.int32, layout=one))
-    cta_barrier()
-    mbarrier.arrive(item_bars.index(qi))
-
-
-@gluon.jit
-def _fetch_add(ptr, SEM: gl.constexpr):
-    """``ptr[0] += 1`` by the partition's first thread; every thread gets the old value (a scalar
-    atomic would be every thread's, and ptxas merges a warp's into one add of 32)."""
-    W: gl.constexpr = gl.num_warps()
-    threads: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
-    offs = gl.arange(0, 32 * W, layout=threads)
-    first = offs == 0
-    old = gl.atomic_add(ptr + offs * 0, gl.full([32 * W], 1, gl.int32, threads), mask=first, sem=SEM)
-    return gl.max(gl.where(first, old, -1), axis=0)
-
-
-@gluon.jit
-def _take_item(items, item_bars, t):
-    """A consumer's ``t``-th work item, from the slot the producer published it in."""
-    W: gl.constexpr = gl.num_warps()
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [W], [0])
-    qi = t & 1
-    mbarrier.wait(item_bars.index(qi), (t >> 1) & 1)
-    return gl.sum(items.index(qi).load(one), axis=0)
 
 
 # ----------------------------------------------------------------------------- producer
@@ -267,7 +239,7 @@ def _producer(
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     TILE_M: gl.constexpr = PARTS * q_smem.shape[1] // PACK  # positions per item
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    w = _fetch_add(ticket_ptr, "relaxed") if DYNAMIC else gl.program_id(0)
+    w = fetch_add(ticket_ptr, "relaxed") if DYNAMIC else gl.program_id(0)
     while w < total:
         if PROFILE:
             c0 = _tick(t)
@@ -280,8 +252,8 @@ def _producer(
             c1 = _tick(end)
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
         if DYNAMIC:  # the slot is free with the Q buffer
-            _publish_item(items, item_bars, qi, w)
-            w_next = _fetch_add(ticket_ptr, "relaxed")
+            publish_item(items, item_bars, qi, w)
+            w_next = fetch_add(ticket_ptr, "relaxed")
         else:
             w_next = w + gl.num_programs(0)
         if PROFILE:
@@ -307,7 +279,7 @@ def _producer(
     if DYNAMIC:  # the end (w >= total), once the consumers are done with the slot
         qi = t & 1
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
-        _publish_item(items, item_bars, qi, w)
+        publish_item(items, item_bars, qi, w)
     if PROFILE:  # row NUM_WG: total, geometry, Q buffer waits, copies, stage waits in them, tiles, items
         z = gl.to_tensor(0)
         total_cycles = (_tick(t) - start).to(gl.int32)
@@ -473,7 +445,7 @@ def _consumer(
         c_s = 0
         c_pv = 0
         c_end = 0
-    w = _take_item(items, item_bars, t) if DYNAMIC else gl.program_id(0)
+    w = take_item(items, item_bars, t) if DYNAMIC else gl.program_id(0)
     while w < total:
         if PROFILE:
             e0 = _tick(t)
@@ -632,15 +604,11 @@ def _consumer(
         if PROFILE:
             c_end += (_tick(t) - e4).to(gl.int32)
         if DYNAMIC:
-            w = _take_item(items, item_bars, t)
+            w = take_item(items, item_bars, t)
         else:
             w += gl.num_programs(0)
-    if DYNAMIC and WG == 0:  # noqa: SIM102 (a constexpr test, then a runtime one)
-        # this program's producer took its last ticket: count it done (``ticket_ptr[1]``); the last
-        # program counted zeroes both counters for the next launch (every ticket is taken by then)
-        if _fetch_add(ticket_ptr + 1, "acq_rel") == gl.num_programs(0) - 1:
-            gl.store(ticket_ptr, 0)
-            gl.store(ticket_ptr + 1, 0)
+    if DYNAMIC and WG == 0:  # this program's producer took its last ticket
+        retire_program(ticket_ptr)
     if PROFILE:  # row WG: total, item geometry, Q, K, V, turn, S, P V waits, epilogue, tiles, items
         z = gl.to_tensor(0)
         total_cycles = (_tick(t) - start).to(gl.int32)
