@@ -80,15 +80,15 @@ PROVIDERS: dict[str, tuple[bool | None, dict] | None] = {
 
 
 def _tile(text: str) -> gluon_backward.GluonTile:
-    """``BMxBNsSTAGEScCONSUMERS[rREGS][p[hSECTION]]`` (e.g. ``64x128s2c2``, ``64x128s3c2r232``,
-    ``128x128s2c2p``, ``128x128s2c2ph1``; ``p``: the dK/dV kernel's persistent programs, ``hSECTION``
-    their heads per section of the work list, ``h0`` all heads, absent the tile's default): a tile
-    either kernel can be specialized for (which of them compiles, and in how much shared memory, the
-    run says)."""
-    m = re.fullmatch(r"(\d+)x(\d+)s(\d+)c(\d+)(?:r(\d+))?(p?)(?:h(\d+))?", text)
+    """``BMxBNsSTAGEScCONSUMERS[rREGS][p[hSECTION][d]]`` (e.g. ``64x128s2c2``, ``64x128s3c2r232``,
+    ``128x128s2c2p``, ``128x128s2c2ph1d``; ``p``: the dK/dV kernel's persistent programs,
+    ``hSECTION`` their heads per section of the work list, ``h0`` all heads, absent the tile's
+    default; ``d`` their items from a global ticket): a tile either kernel can be specialized for
+    (which of them compiles, and in how much shared memory, the run says)."""
+    m = re.fullmatch(r"(\d+)x(\d+)s(\d+)c(\d+)(?:r(\d+))?(p?)(?:h(\d+))?(d?)", text)
     if m is None:
         raise argparse.ArgumentTypeError(
-            f"expected BMxBNsSTAGEScCONSUMERS[rREGS][p[hSECTION]], e.g. 64x128s2c2, got {text!r}"
+            f"expected BMxBNsSTAGEScCONSUMERS[rREGS][p[hSECTION][d]], e.g. 64x128s2c2, got {text!r}"
         )
     bm, bn, stages, consumers = (int(g) for g in m.groups()[:4])
     regs = int(m[5]) if m[5] else None
@@ -103,8 +103,8 @@ def _tile(text: str) -> gluon_backward.GluonTile:
         problems.append("rREGS is for two consumer partitions only")
     if regs is not None and (not 24 <= regs <= 256 or regs % 8):
         problems.append("REGS is a multiple of 8 in [24, 256]")
-    if m[7] and not m[6]:
-        problems.append("hSECTION is for persistent programs (p) only")
+    if (m[7] or m[8]) and not m[6]:
+        problems.append("hSECTION and d are for persistent programs (p) only")
     if problems:
         raise argparse.ArgumentTypeError(f"{text!r}: " + "; ".join(problems))
     return gluon_backward.GluonTile(
@@ -115,6 +115,7 @@ def _tile(text: str) -> gluon_backward.GluonTile:
         consumer_regs=regs or 240,
         persistent=m[6] == "p",
         **({"head_section": int(m[7])} if m[7] else {}),
+        dynamic=m[8] == "d",
     )
 
 
@@ -124,6 +125,8 @@ def _spec(tile: gluon_backward.GluonTile) -> str:
     persistent = "p" if tile.persistent else ""
     if tile.persistent and tile.head_section != gluon_backward.GluonTile.head_section:
         persistent += f"h{tile.head_section}"
+    if tile.persistent and tile.dynamic:
+        persistent += "d"
     return f"{tile.block_m}x{tile.block_n}s{tile.num_stages}c{tile.consumers}{regs}{persistent}"
 
 

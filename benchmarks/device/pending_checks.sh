@@ -5,8 +5,11 @@
 # tile for short documents; the tensor-core row sums ran their A/B (1.02x) but missed the lse
 # tolerance (gluon-fwd-rowsum-ab-17a7487-h100.json) and left main with their calls (7, 9, trees);
 # every GPU test under prefer-gluon completed in one call (gpu-suite-prefer-gluon-17a7487-h100.json).
-# Still to run: call 5 (after fa4-wheels.sh's stage call), call 6, and the goal table
-# (`SHA=<commit> bash benchmarks/device/iteration.sh`, carry .fa4/b, after the stage call).
+# Still to run: call 13 (new: the persistent backward taking its items from a global ticket,
+# backward.DYNAMIC_ORDER, compiled on the CPU only: its GPU tests, then its timing against the
+# per-tile and static persistent programs), call 5 (after fa4-wheels.sh's stage call), call 6, and
+# the goal table (`SHA=<commit> bash benchmarks/device/iteration.sh`, carry .fa4/b, after the
+# stage call).
 # Call 1: the family GPU tests, the Gluon forward's wait profile on the merged order and staged
 #   output, then the prefer-gluon attention files.
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
@@ -36,7 +39,7 @@ prefer_gluon_suite() {  # $1: seconds; SIGINT at the limit, so pytest still prin
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -79,6 +82,28 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8}" in
   ;;
 8)
   prefer_gluon_suite 540
+  ;;
+13)  # CALL_BUDGET_S (default 560): the dynamic persistent dK/dV programs' tests, then their timing
+  started=$(date +%s)
+  budget=${CALL_BUDGET_S:-560}
+  echo "== dynamic persistent dK/dV tests $(date +%T)"
+  PYTHONPATH=src:. timeout -s INT -k 15 150 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+    --timeout 140 -rfE tests/ops/gluon/test_backward_gpu.py -k dynamic > "$OUT/dynamic-tests.log" 2>&1
+  tail -6 "$OUT/dynamic-tests.log"
+  # DIM:TILE:TOKENS:DOCS; per process: tl, the default tiles, per-tile, static sections of 4, dynamic
+  # sections of 1 and of 4
+  for run in 64:128x128s2c2:32768:512-8192 64:128x128s2c2:16384:64-1024 128:64x128s3c2:32768:512-8192 \
+             64:128x128s2c2:16384:256-4096 128:64x128s3c2:16384:64-1024; do
+    IFS=: read -r dim tile tokens docs <<< "$run"
+    left=$((budget - $(date +%s) + started)); limit=80
+    [ "$left" -lt "$limit" ] && limit=$left
+    [ "$limit" -lt 35 ] && { echo "== no time left for D$dim $tokens $docs"; continue; }
+    echo "== backward alone, D$dim $tokens $docs ($limit s) $(date +%T)"
+    PYTHONPATH=src:benchmarks:. timeout "$limit" python3 benchmarks/bench_gluon_bwd.py --dims "$dim" \
+      --tokens "$tokens" --docs "$docs" --providers tl gluon \
+      --dkdv-tiles "$tile" "${tile}ph4" "${tile}ph1d" "${tile}ph4d" --rep-ms 40 \
+      --out "$OUT/gluon-bwd-dynamic-d$dim-$tokens-$docs.json" 2>&1 | grep -E '^D[0-9]'
+  done
   ;;
 esac
 echo "== done $(date +%T)"

@@ -33,7 +33,11 @@ def test_tile_specs_read_back(bench: types.ModuleType) -> None:
     assert bench._spec(persistent) == "128x128s2c2p"
     one_head = bench._tile("128x128s2c2ph1")
     assert one_head.persistent and one_head.head_section == 1
-    assert bench._spec(one_head) == "128x128s2c2ph1"
+    assert bench._spec(one_head) == "128x128s2c2ph1" and not one_head.dynamic
+    ticket = bench._tile("128x128s2c2ph1d")
+    assert ticket.persistent and ticket.dynamic and ticket.head_section == 1
+    assert bench._spec(ticket) == "128x128s2c2ph1d"
+    assert bench._spec(bench._tile("128x128s2c2pd")) == "128x128s2c2pd"
     assert bench._docs("64-1024") == (64, 1024)
 
 
@@ -46,6 +50,7 @@ def test_tile_specs_read_back(bench: types.ModuleType) -> None:
         ["--dkdv-tiles", "64x128s2c3"],
         ["--dkdv-tiles", "64x128s0c2"],
         ["--dkdv-tiles", "64x128s2c2h4"],  # a head section without persistent programs
+        ["--dkdv-tiles", "64x128s2c2d"],  # a ticket without persistent programs
         ["--dq-tiles", "128x64s2c1r232"],
         ["--dq-tiles", "128x64s2c2r250"],
         ["--docs", "8192-512"],

@@ -26,9 +26,6 @@ ROOT = Path(__file__).resolve().parents[3]
 
 MARKERS = {
     "wgmma": r"wgmma\.mma_async",
-    "wgmma_n8": r"wgmma\.mma_async\.sync\.aligned\.m64n8k16",
-    # an 8-column product whose B operand is read transposed (imm-trans-b = 1, its last operand)
-    "wgmma_n8_trans_b": r"wgmma\.mma_async\.sync\.aligned\.m64n8k16[^;]*,\s*1;",
     "wgmma_wait": r"wgmma\.wait_group\.sync\.aligned \d",
     "wgmma_wait1": r"wgmma\.wait_group\.sync\.aligned\s+1",
     "tma_load": r"cp\.async\.bulk\.tensor\.\dd\.shared::\w+\.global\.mbarrier::complete_tx",
@@ -37,6 +34,7 @@ MARKERS = {
     "setmaxnreg": r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+\d+",
     "sm_90a": r"\.target sm_90a",
     "atomic_f32": r"(?:red|atom)\.global\.\S*add\S*f32",
+    "ticket_add": r"atom\.global\.gpu\.(?:relaxed|acq_rel)\.add\.u32",  # the dynamic order's ticket
     "tensormap": r"tensormap\.replace",
     "clock64": r"%clock64",
 }
@@ -118,6 +116,7 @@ def _dkdv(head_dim: int, dtype: str = "bf16", persistent: bool = False, **flags:
     meta = {**_BACKWARD, "HEAD_DIM": head_dim, "DQ_ATOMIC": True, "BLOCK_M": 64, "BLOCK_N": 128, **_RING}
     if persistent:
         meta["SLOTS"] = True
+        meta["DYNAMIC"] = False
     meta.update(flags)
     fp32 = {"lse_ptr", "delta_ptr"} | ({"dq_ptr"} if meta["DQ_ATOMIC"] else set())
     if meta["ACCUMULATE"]:
@@ -202,6 +201,9 @@ CONFIGS: dict[str, Config] = {
         128, persistent=True, **_DKDV_2WG[128], GROUP=4, HAS_LEFT=True, ACCUMULATE=True, HAS_POSITIONS=True
     ),
     "dkdv-d64-persistent-split": _dkdv(64, persistent=True, DQ_ATOMIC=False),
+    "dkdv-d64-2wg-persistent-dynamic": _dkdv(64, persistent=True, **_DKDV_2WG[64], SLOTS=False, DYNAMIC=True),
+    "dkdv-d128-2wg-persistent-dynamic": _dkdv(128, persistent=True, **_DKDV_2WG[128], DYNAMIC=True),
+    "dkdv-d64-persistent-dynamic-split": _dkdv(64, persistent=True, DQ_ATOMIC=False, DYNAMIC=True),
     "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
     "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
 }

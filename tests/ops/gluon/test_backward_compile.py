@@ -29,6 +29,7 @@ CONFIGS = (
     "dq-d128-2wg",
     "dkdv-d128-2wg-persistent",
     "dkdv-d64-2wg-persistent",
+    "dkdv-d64-2wg-persistent-dynamic",
 )
 # Bytes ptxas (Triton 3.6) may spill, per configuration (none where not named). The dK/dV kernels
 # at head dim 128 spill a few loop scalars: 80 and 56 bytes (stores and loads) since each stage's
@@ -46,6 +47,7 @@ SPILL_LIMITS = {
     "dkdv-d128-2wg-split": 64,
     "dkdv-d128-2wg-persistent": 936,
     "dkdv-d64-2wg-persistent": 944,
+    "dkdv-d64-2wg-persistent-dynamic": 936,
 }
 
 
@@ -64,6 +66,10 @@ def _assert_fa3_structure(stats: dict[str, dict[str, object]]) -> None:
         assert s["num_warps"] == 12, (name, s)  # 8 consumer warps (1 or 2 partitions) + a producer warpgroup
     assert stats["dkdv-d128"]["atomic_f32"] > 0  # type: ignore[operator]
     assert stats["dq-d64"]["atomic_f32"] == 0
+    # the dynamic order: two draws of the ticket (the first item, then one item ahead) and the
+    # done count that zeroes it; the static order draws none
+    assert stats["dkdv-d64-2wg-persistent-dynamic"]["ticket_add"] == 3
+    assert stats["dkdv-d64-2wg-persistent"]["ticket_add"] == 0
 
 
 def test_compiles_for_sm90_with_this_triton() -> None:

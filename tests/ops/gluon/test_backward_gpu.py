@@ -29,6 +29,7 @@ if not torch.cuda.is_available():
 from tests.ops.gluon._tl import backward_call, tl_backward, tl_forward  # noqa: E402
 from thd.ops.attention import reference  # noqa: E402
 from thd.ops.attention.gluon import backward as gluon_backward  # noqa: E402
+from thd.ops.attention.gluon.work_lists import planned_work_list  # noqa: E402
 from thd.ops.attention.params import AttentionOptions, VarlenLayout  # noqa: E402
 
 if torch.cuda.get_device_capability() != (9, 0):
@@ -110,11 +111,16 @@ def _both(do, q, k, v, out, lse, varlen, options, **kwargs):
     return got, tl_grads
 
 
-@pytest.fixture(autouse=True, params=[False, True], ids=["per-tile", "persistent"])
-def dkdv_programs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[bool]:
+DKDV_PROGRAMS = ["per-tile", "persistent", "dynamic"]
+
+
+@pytest.fixture(autouse=True, params=DKDV_PROGRAMS)
+def dkdv_programs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Every test runs with one dK/dV program per key tile and with the persistent programs over
-    the device-built list of key tiles (``backward.PERSISTENT``)."""
-    monkeypatch.setattr(gluon_backward, "PERSISTENT", request.param)
+    the device-built list of key tiles (``backward.PERSISTENT``), in static rounds and taking their
+    items from the global ticket (``backward.DYNAMIC_ORDER``)."""
+    monkeypatch.setattr(gluon_backward, "PERSISTENT", request.param != "per-tile")
+    monkeypatch.setattr(gluon_backward, "DYNAMIC_ORDER", request.param == "dynamic")
     gluon_backward.PLANS.clear()
     yield request.param
     gluon_backward.PLANS.clear()
@@ -314,7 +320,7 @@ _MANY_LENGTHS = [(37 * i) % 300 + (0 if i == 5 else 1) for i in range(40)]
 LAYOUTS["many"] = make_layout("many", _MANY_LENGTHS, pad_q=[i % 3 * 7 for i in range(40)], capacity_q=33)
 
 
-@pytest.mark.parametrize("dkdv_programs", [True], ids=["persistent"], indirect=True)
+@pytest.mark.parametrize("dkdv_programs", ["persistent", "dynamic"], indirect=True)
 @pytest.mark.parametrize("programs", [None, 3], ids=["one-per-sm", "three"])
 @pytest.mark.parametrize(
     ("dim", "heads", "atomic"), [(64, (8, 2), True), (128, (4, 4), True), (64, (4, 4), False)]
@@ -355,3 +361,29 @@ def test_supports_backward_turns_down_what_it_does_not_cover() -> None:
     v64 = torch.randn(64, 4, 64, device=DEVICE, dtype=torch.bfloat16)
     assert not _supported(q, q, v64, layout, plain)  # D != Dv stays on tl
     assert not _supported(q.cpu(), q.cpu(), q.cpu(), layout, plain)
+
+
+@pytest.mark.parametrize("dkdv_programs", ["dynamic"], indirect=True)
+def test_dynamic_programs_leave_the_ticket_at_zero_for_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two backwards on the same offset tensors share one work list (``work_lists``' cache): the
+    first launch's last program zeroes the ticket and done count, so the second takes every item
+    again (dK and dV bit for bit: one program computes each key tile, whichever it is)."""
+    lists = []
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        lists.append(planned_work_list(*args, **kwargs))
+        return lists[-1]
+
+    monkeypatch.setattr(gluon_backward, "planned_work_list", recorded)
+    layout = LAYOUTS["many"]
+    options = AttentionOptions(64**-0.5, causal=True)
+    q, k, v, do, out, lse, varlen = _case(layout, (8, 2), 64, torch.bfloat16, options)
+    first = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
+    second = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
+    torch.cuda.synchronize()
+    assert len(lists) == 2 and all(a is b for a, b in zip(*lists, strict=True))  # one list, reused
+    assert lists[0][2][1:3].tolist() == [0, 0]
+    for name, a, b in zip(GRADS[1:], first[1:3], second[1:3], strict=True):
+        assert torch.equal(a, b), name
+    tl_grads = tl_backward(do, q, k, v, out, lse, varlen, options)
+    _check(layout, second, tl_grads, _reference_grads(q, k, v, do, layout, options))

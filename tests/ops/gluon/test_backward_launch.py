@@ -207,3 +207,22 @@ def test_default_tiles_take_persistent_programs_on_short_documents_at_head_dim_6
     )
     dkdv = [name for name, *_ in calls if name.startswith("_dkdv")]
     assert dkdv == ["_dkdv_persistent_kernel" if expected else "_dkdv_kernel"]
+
+
+@pytest.mark.parametrize("ticket", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("persistent", [True], ids=["persistent"], indirect=True)
+def test_persistent_order_reaches_the_kernel(
+    calls: list, persistent: bool, ticket: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DYNAMIC_ORDER`` becomes the kernel's ``DYNAMIC``; serpentine rounds only in the static
+    order; the ticket the dynamic programs draw from (``count[1]``, their done count ``count[2]``)
+    starts at zero, as the list's builder leaves it."""
+    monkeypatch.setattr(gluon_backward, "DYNAMIC_ORDER", ticket)
+    gluon_backward.backward(_cross_call((500, 10, 3, 200), (70, 300, 0, 129), True))
+    ((args, kwargs),) = [(a, k) for name, _, a, k in calls if name == "_dkdv_persistent_kernel"]
+    names = ARG_NAMES["_dkdv_persistent_kernel"]
+    tile = gluon_backward.TILES[("dkdv", 64)]
+    assert kwargs["DYNAMIC"] is ticket
+    assert args[names.index("serpentine")] == int(tile.serpentine and not ticket)
+    count = args[names.index("count_ptr")]
+    assert int(count[0]) == 6 and count[1:3].tolist() == [0, 0]  # key tiles: 1 + 3 + 0 + 2

@@ -36,6 +36,7 @@ from thd.ops.attention.plan_keys import inputs_key
 
 __all__ = [
     "ATOMIC_DQ",
+    "DYNAMIC_ORDER",
     "ONE_CONSUMER_TILES",
     "PERSISTENT",
     "PLANS",
@@ -43,6 +44,8 @@ __all__ = [
     "TWO_CONSUMER_TILES",
     "GluonTile",
     "backward",
+    "dynamic",
+    "persistent",
     "supports_backward",
 ]
 
@@ -60,16 +63,18 @@ class GluonTile(WarpSpecializedTile):
     consumers: int = 1
     num_stages: int = 2
     # Persistent dK/dV programs (one per SM) over a device-built list of (sequence, key tile, kv
-    # head) items, longest first (``backward_kernel._dkdv_persistent_kernel``), in static rounds of
-    # the heads in sections of ``head_section`` (0: all), every other round reversed with
-    # ``serpentine`` (``tiles.item_and_head``): always with ``persistent``, else where the call's
-    # ``max_seqlen_kv`` is at most ``persistent_up_to``; elsewhere one program per key tile.
+    # head) items, longest first (``backward_kernel._dkdv_persistent_kernel``), the heads in sections
+    # of ``head_section`` (0: all), taken from a global ticket with ``dynamic``, else in static
+    # rounds, every other one reversed with ``serpentine`` (``tiles.item_and_head``): always with
+    # ``persistent``, else where the call's ``max_seqlen_kv`` is at most ``persistent_up_to``;
+    # elsewhere one program per key tile.
     # Sections of 4 heads: sections of 1 leave the static rounds uneven on long documents, one
     # section of all heads is slower on short ones (docs/gluon.md, "The persistent backward").
     persistent: bool = False
     persistent_up_to: int = 0
     head_section: int = 4
     serpentine: bool = True
+    dynamic: bool = False
 
     @property
     def num_warps(self) -> int:
@@ -125,6 +130,9 @@ ATOMIC_DQ_BY_HEAD_DIM = {64: True, 128: True}
 PERSISTENT: bool | None = None
 """Whether the dK/dV kernel runs persistent programs (:func:`persistent`). ``None``: the tile's.
 Read when a plan is made."""
+DYNAMIC_ORDER: bool | None = None
+"""Whether persistent dK/dV programs take their items from a global ticket (:func:`dynamic`).
+``None``: the tile's. Read when a plan is made."""
 _PREPROCESS_ROWS = 64
 
 
@@ -254,10 +262,11 @@ def _make_plan(
                 {"BLOCK_M": tile.block_n, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
             )
             section = section_size(num_kv_heads, tile.head_section)
+            ticket = dynamic(tile)
             dkdv = PlannedLaunch(
                 (min(device_sms(k), capacity * num_kv_heads),),
-                (*tail, num_seqs, num_kv_heads, section, int(tile.serpentine)),
-                {**keywords, "SLOTS": layout.cu_seqlens_kv_padded is not None},
+                (*tail, num_seqs, num_kv_heads, section, int(tile.serpentine and not ticket)),
+                {**keywords, "SLOTS": layout.cu_seqlens_kv_padded is not None, "DYNAMIC": ticket},
             )
         else:
             dkdv = PlannedLaunch(
@@ -280,6 +289,12 @@ def persistent(tile: GluonTile, max_seqlen_kv: int) -> bool:
     if PERSISTENT is not None:
         return PERSISTENT
     return tile.persistent or max_seqlen_kv <= tile.persistent_up_to
+
+
+def dynamic(tile: GluonTile) -> bool:
+    """Whether persistent dK/dV programs take their items from a global ticket:
+    :data:`DYNAMIC_ORDER` where set, else the tile's."""
+    return tile.dynamic if DYNAMIC_ORDER is None else DYNAMIC_ORDER
 
 
 def _plan(call: BackwardCall, inputs: tuple, grads: tuple, atomic: bool) -> tuple[_BackwardPlan, bool]:

@@ -48,7 +48,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from thd.ops.attention.geometry import padding_span, sequence_pair, span, visible
 from thd.ops.attention.gluon.compat import cta_barrier, tma_load, tma_reduce_add, tma_store_wait
-from thd.ops.attention.gluon.tiles import item_and_head, key_tiles, query_tiles, row_descriptor
+from thd.ops.attention.gluon.tiles import (
+    fetch_add,
+    item_and_head,
+    key_tiles,
+    publish_item,
+    query_tiles,
+    retire_program,
+    row_descriptor,
+    take_item,
+)
 from thd.ops.attention.softmax_terms import store_delta
 
 __all__ = ["_dkdv_kernel", "_dkdv_persistent_kernel", "_dq_kernel", "_preprocess_kernel"]
@@ -281,22 +290,32 @@ def _dkdv_work_item(w, total, work, BLOCK_N: gl.constexpr, HAS_POSITIONS: gl.con
 @gluon.jit
 def _dkdv_persistent_producer(
     args, work, GROUP: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr,
+    HAS_RIGHT: gl.constexpr, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
-    """TMA loads of a persistent program's work items, every ``G``-th of the list. An item's
-    descriptors are written before it waits for the consumers to release the previous item's K/V,
-    alternately at two call sites (two descriptor sets): the set it rewrites served the item before
-    the previous one, whose copies have all landed (the previous item waited for its release)."""
+    """TMA loads of a persistent program's work items, every ``G``-th of the list, or with
+    ``DYNAMIC`` each next one from the global ticket (drawn one item ahead), handed to the
+    consumers through the item slots, then the end. Publishing item ``j`` in slot ``j & 1`` is safe
+    once item ``j - 1``'s copies are issued: they waited for the consumers to release item ``j - 2``,
+    whose slot they had read. An item's descriptors are written before it waits for the consumers
+    to release the previous item's K/V, alternately at two call sites (two descriptor sets): the
+    set it rewrites served the item before the previous one, whose copies have all landed (the
+    previous item waited for its release)."""
     (
         q_ptr, do_ptr, k_ptr, v_ptr, stride_qt, stride_dot, stride_kt, stride_vt, lse_ptr, delta_ptr,
         stride_lse_h, total, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty,
-        lse_smem, delta_smem,
+        lse_smem, delta_smem, items, item_bars, ticket_ptr,
     ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     buffers = (k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem)
     it = 0
     j = 0
-    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+    w = fetch_add(ticket_ptr, "relaxed") if DYNAMIC else gl.program_id(0)
+    while w < total:
+        if DYNAMIC:
+            publish_item(items, item_bars, j & 1, w)
+            w_next = fetch_add(ticket_ptr, "relaxed")
+        else:
+            w_next = w + gl.num_programs(0)
         kv_head, n0, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _dkdv_work_item(
             w, total, work, BLOCK_N, HAS_POSITIONS
         )
@@ -308,7 +327,10 @@ def _dkdv_persistent_producer(
             it = _dkdv_item_loads(item, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT)
         else:
             it = _dkdv_item_loads(item, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT)
-        j += 1  # noqa: SIM113 -- no enumerate in a kernel
+        j += 1
+        w = w_next
+    if DYNAMIC:  # the end (w >= total)
+        publish_item(items, item_bars, j & 1, w)
 
 
 @gluon.jit
@@ -525,14 +547,16 @@ def _dkdv_persistent_consumer(
     DQ_ATOMIC: gl.constexpr,
     NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
+    DYNAMIC: gl.constexpr,
 ):
     """:func:`_dkdv_key_tile` over a persistent program's work items (:func:`_dkdv_work_item`),
-    every ``G``-th of the list, as its producer takes them. The dQ reduce-add descriptor is rebuilt
-    per item once the previous item's reductions have read it."""
+    every ``G``-th of the list or, with ``DYNAMIC``, those its producer publishes, as its producer
+    takes them. The dQ reduce-add descriptor is rebuilt per item once the previous item's
+    reductions have read it."""
     (
         dk_ptr, dv_ptr, dq_ptr, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
         sm_scale, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty,
-        ready, empty, lse_smem, delta_smem,
+        ready, empty, lse_smem, delta_smem, items, item_bars, ticket_ptr,
     ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     buffers = (
@@ -541,7 +565,8 @@ def _dkdv_persistent_consumer(
     )  # fmt: skip
     it = 0
     j = 0
-    for w in range(gl.program_id(0), total, gl.num_programs(0)):
+    w = take_item(items, item_bars, j) if DYNAMIC else gl.program_id(0)
+    while w < total:
         kv_head, n0, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _dkdv_work_item(
             w, total, work, BLOCK_N, HAS_POSITIONS
         )
@@ -561,9 +586,12 @@ def _dkdv_persistent_consumer(
             dq_desc, tile, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC,
             NUM_CONSUMERS, WG,
         )  # fmt: skip
-        j += 1  # noqa: SIM113 -- no enumerate in a kernel
+        j += 1
+        w = take_item(items, item_bars, j) if DYNAMIC else w + gl.num_programs(0)
     if DQ_ATOMIC and NUM_CONSUMERS == 2:
         tma_store_wait(0)  # dq_smem stays allocated until the last reduction has read it
+    if DYNAMIC and WG == 0:  # this program's producer took its last ticket
+        retire_program(ticket_ptr)
 
 
 @gluon.jit
@@ -691,10 +719,12 @@ def _dkdv_persistent_kernel(
     HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SLOTS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, SLOTS: gl.constexpr, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
     """``_dkdv_kernel``'s work on ``G`` persistent programs: each takes every ``G``-th item of the
-    key tiles' work list (``count_ptr[0]`` tiles times the kv heads, :func:`_dkdv_work_item`), so no
+    key tiles' work list (``count_ptr[0]`` tiles times the kv heads, :func:`_dkdv_work_item`) or,
+    with ``DYNAMIC``, the next unclaimed one whenever its producer is ready for one (the ticket
+    ``count_ptr[1]``, zeroed by ``build_work_list`` and left at zero by the launch), so no
     program starts for a tile that does not exist, the next item's descriptors are built under this
     one's products and its copies start once the consumers release K/V, under their epilogue
     (stores of dK/dV). The programs first zero the padding rows of dK and dV between them, (slot, kv head)
@@ -714,14 +744,22 @@ def _dkdv_persistent_kernel(
                 BLOCK_N, NUM_WARPS, True,
             )  # fmt: skip
     total = gl.load(count_ptr) * num_kv_heads
-    if gl.program_id(0) >= total:
-        return
+    if not DYNAMIC:  # noqa: SIM102 (constexpr, then runtime): a dynamic program runs to retire itself
+        if gl.program_id(0) >= total:
+            return
     (
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
         lse_smem, delta_smem,
     ) = _dkdv_buffers(
         q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_CONSUMERS, DQ_ATOMIC
     )  # fmt: skip
+    # DYNAMIC: the producer's work items for the consumers, by item parity
+    items = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    item_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if DYNAMIC:
+        for i in gl.static_range(2):
+            mbarrier.init(item_bars.index(i), count=1)
+        fence_async_shared()
     work = (
         seq_ptr, blk_ptr, num_kv_heads, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
         pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right,
@@ -729,19 +767,20 @@ def _dkdv_persistent_kernel(
     consumer = (
         dk_ptr, dv_ptr, dq_ptr, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
         sm_scale, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty,
-        ready, empty, lse_smem, delta_smem,
+        ready, empty, lse_smem, delta_smem, items, item_bars, count_ptr + 1,
     )  # fmt: skip
     producer = (
         q_ptr, do_ptr, k_ptr, v_ptr, stride_qt, stride_dot, stride_kt, stride_vt, lse_ptr, delta_ptr,
         stride_lse_h, total, k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty, lse_smem,
-        delta_smem,
+        delta_smem, items, item_bars, count_ptr + 1,
     )  # fmt: skip
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
                 (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                                             ACCUMULATE, DQ_ATOMIC, 1, 0)),
-                (_dkdv_persistent_producer, (producer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
+                                             ACCUMULATE, DQ_ATOMIC, 1, 0, DYNAMIC)),
+                (_dkdv_persistent_producer, (producer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
+                                             DYNAMIC)),
             ],
             [1],
             [PRODUCER_REGS],
@@ -750,10 +789,11 @@ def _dkdv_persistent_kernel(
         gl.warp_specialize(
             [
                 (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                                             ACCUMULATE, DQ_ATOMIC, 2, 0)),
+                                             ACCUMULATE, DQ_ATOMIC, 2, 0, DYNAMIC)),
                 (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                                             ACCUMULATE, DQ_ATOMIC, 2, 1)),
-                (_dkdv_persistent_producer, (producer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT)),
+                                             ACCUMULATE, DQ_ATOMIC, 2, 1, DYNAMIC)),
+                (_dkdv_persistent_producer, (producer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
+                                             DYNAMIC)),
             ],
             [NUM_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
