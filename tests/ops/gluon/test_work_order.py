@@ -1,4 +1,4 @@
-"""The persistent Gluon kernels' static work order (``tiles.item_and_head``, used by the forward and
+"""The persistent Gluon kernels' static work order (``work_order.item_and_head``, used by the forward and
 the persistent dK/dV kernel), run as plain Python with ``gl.num_programs`` stood in for: ``G``
 programs each taking ``w = p, p + G, ...`` must take every (item, head) of the list exactly once,
 serpentine or not, for every head section that divides the heads; within a section the items come
@@ -14,12 +14,12 @@ import pytest
 
 pytest.importorskip("triton.experimental.gluon")
 
-from thd.ops.attention.gluon import tiles
+from thd.ops.attention.gluon import work_order
 
 
 def _order(programs: int) -> Callable[[int, int, int, int, int], tuple[int, int]]:
     """``item_and_head`` as a Python function on ``programs`` programs."""
-    fn = tiles.item_and_head.fn
+    fn = work_order.item_and_head.fn
     stub = types.SimpleNamespace(num_programs=lambda axis: programs)
     return types.FunctionType(fn.__code__, {**fn.__globals__, "gl": stub}, fn.__name__)
 

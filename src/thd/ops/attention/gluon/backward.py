@@ -18,18 +18,8 @@ from torch import Tensor
 from thd._runtime.config import kernel_settings
 from thd._runtime.launcher import ensure_scratch_allocator
 from thd.ops.attention.buffers import delta_buffer, gradient_buffers
-from thd.ops.attention.gluon.host import (
-    HEAD_DIMS,
-    PlannedLaunch,
-    PlanTable,
-    WarpSpecializedTile,
-    device_sms,
-    on_gluon_device,
-    row_strides,
-    same_dtype,
-    section_size,
-    sequence_args,
-)
+from thd.ops.attention.gluon import host
+from thd.ops.attention.gluon.host import HEAD_DIMS, PlannedLaunch, PlanTable, WarpSpecializedTile, device_sms
 from thd.ops.attention.gluon.work_lists import planned_work_list
 from thd.ops.attention.params import BackwardCall
 from thd.ops.attention.plan_keys import inputs_key
@@ -65,13 +55,13 @@ class GluonTile(WarpSpecializedTile):
     # Persistent dK/dV programs (one per SM) over a device-built list of (sequence, key tile, kv
     # head) items, longest first (``backward_kernel._dkdv_persistent_kernel``), the heads in sections
     # of ``head_section`` (0: all), taken from a global ticket with ``dynamic``, else in static
-    # rounds, every other one reversed with ``serpentine`` (``tiles.item_and_head``): always with
+    # rounds, every other one reversed with ``serpentine`` (``work_order.item_and_head``): always with
     # ``persistent``, else where the call's ``max_seqlen_kv`` is at most ``persistent_up_to``;
     # elsewhere one program per key tile.
-    # Sections of 4 heads: sections of 1 leave the static rounds uneven on long documents, one
-    # section of all heads is slower on short ones (docs/gluon.md, "The persistent backward").
     persistent: bool = False
     persistent_up_to: int = 0
+    # Sections of 4 heads: sections of 1 leave the static rounds uneven on long documents, one
+    # section of all heads is slower on short ones (docs/gluon.md, "The persistent backward").
     head_section: int = 4
     serpentine: bool = True
     dynamic: bool = False
@@ -154,7 +144,7 @@ def supports_backward(call: BackwardCall) -> bool:
     """Whether :func:`backward` covers this call (metadata only: no device reads)."""
     q, k, v = call.saved[:3]
     accumulate = call.accumulate
-    if _INTERPRET or not on_gluon_device(q) or not same_dtype(q, k, v):
+    if _INTERPRET or not host.on_gluon_device(q) or not host.same_dtype(q, k, v):
         return False
     head_dim = q.shape[2]
     if head_dim not in HEAD_DIMS or k.shape[2] != head_dim or v.shape[2] != head_dim:
@@ -226,7 +216,7 @@ def _make_plan(
     if num_seqs > 0 and max_q > 0 and q.shape[0] > 0:
         preprocess = PlannedLaunch(
             (_cdiv(max_q, _PREPROCESS_ROWS), num_heads, num_seqs),
-            (q.shape[0], *row_strides(call.saved.out, do), delta.stride(0)),
+            (q.shape[0], *host.row_strides(call.saved.out, do), delta.stride(0)),
             {
                 "HEAD_DIM_V": v.shape[2],
                 "HAS_SINKS": sinks is not None,
@@ -235,7 +225,7 @@ def _make_plan(
                 "num_warps": 4,
             },
         )
-    sizes = (q.shape[0], k.shape[0], *row_strides(q, k, v, do))
+    sizes = (q.shape[0], k.shape[0], *host.row_strides(q, k, v, do))
     window = (options.softmax_scale, max(options.window_left, 0), max(options.window_right, 0))
     variant = {
         "GROUP": num_heads // num_kv_heads,
@@ -252,7 +242,7 @@ def _make_plan(
         if atomic and tile.consumers > 1 and not _tma_readable(dq):  # no TMA reduce-add: per-element atomics
             tile = replace(tile, consumers=1)
         keywords = {**variant, "DQ_ATOMIC": atomic, **tile.constexprs(), "num_warps": tile.num_warps}
-        tail = (*sizes, *row_strides(dk, dv, dq), lse.stride(0), *window)
+        tail = (*sizes, *host.row_strides(dk, dv, dq), lse.stride(0), *window)
         if persistent(tile, max_kv) and num_seqs > 0:
             rows_k = k.shape[0]
             capacity = rows_k // tile.block_n + num_seqs + 1  # bounds the key tiles of any valid layout
@@ -261,7 +251,7 @@ def _make_plan(
                 (num_seqs, rows_k, capacity),
                 {"BLOCK_M": tile.block_n, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
             )
-            section = section_size(num_kv_heads, tile.head_section)
+            section = host.section_size(num_kv_heads, tile.head_section)
             ticket = dynamic(tile)
             dkdv = PlannedLaunch(
                 (min(device_sms(k), capacity * num_kv_heads),),
@@ -277,7 +267,7 @@ def _make_plan(
         tile = tiles[1]
         dq_launch = PlannedLaunch(
             (max(1, _cdiv(max_q, tile.block_m)), num_heads, num_seqs + 1),
-            (*sizes, *row_strides(dq), lse.stride(0), *window),
+            (*sizes, *host.row_strides(dq), lse.stride(0), *window),
             {**variant, **tile.constexprs(), "num_warps": tile.num_warps},
         )
     return _BackwardPlan(tiles, preprocess, dkdv, dq_launch, work_list, capacity)
@@ -338,7 +328,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
         head = (out, do, delta, lse, *row_terms, layout.cu_seqlens_q, layout.slots_q)
         plan.preprocess.run(kernels._preprocess_kernel, head, reused)
     ensure_scratch_allocator()
-    _, layout_args = sequence_args(layout)
+    _, layout_args = host.sequence_args(layout)
     if plan.dkdv is not None and plan.work_list is None:
         plan.dkdv.run(kernels._dkdv_kernel, (*inputs, dk, dv, dq, *layout_args), reused)
     elif plan.dkdv is not None and plan.work_list is not None:  # persistent programs over the key tiles

@@ -47,17 +47,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from thd.ops.attention.geometry import padding_span, sequence_pair, span, visible
+from thd.ops.attention.gluon import work_order
 from thd.ops.attention.gluon.compat import cta_barrier, tma_load, tma_reduce_add, tma_store_wait
-from thd.ops.attention.gluon.tiles import (
-    fetch_add,
-    item_and_head,
-    key_tiles,
-    publish_item,
-    query_tiles,
-    retire_program,
-    row_descriptor,
-    take_item,
-)
+from thd.ops.attention.gluon.tiles import key_tiles, query_tiles, row_descriptor
 from thd.ops.attention.softmax_terms import store_delta
 
 __all__ = ["_dkdv_kernel", "_dkdv_persistent_kernel", "_dq_kernel", "_preprocess_kernel"]
@@ -277,7 +269,7 @@ def _dkdv_work_item(w, total, work, BLOCK_N: gl.constexpr, HAS_POSITIONS: gl.con
         seq_ptr, blk_ptr, num_kv_heads, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr,
         pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right,
     ) = work  # fmt: skip
-    item, kv_head = item_and_head(w, total, num_kv_heads, head_section, serpentine)
+    item, kv_head = work_order.item_and_head(w, total, num_kv_heads, head_section, serpentine)
     b = gl.load(seq_ptr + item)
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
         cu_q_ptr, cup_q_ptr, cu_k_ptr, cup_k_ptr, pos_q_ptr, pos_k_ptr, b, rows_q, rows_k, window_left,
@@ -309,11 +301,11 @@ def _dkdv_persistent_producer(
     buffers = (k_smem, v_smem, q_smem, do_smem, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem)
     it = 0
     j = 0
-    w = fetch_add(ticket_ptr, "relaxed") if DYNAMIC else gl.program_id(0)
+    w = work_order.fetch_add(ticket_ptr, "relaxed") if DYNAMIC else gl.program_id(0)
     while w < total:
         if DYNAMIC:
-            publish_item(items, item_bars, j & 1, w)
-            w_next = fetch_add(ticket_ptr, "relaxed")
+            work_order.publish_item(items, item_bars, j & 1, w)
+            w_next = work_order.fetch_add(ticket_ptr, "relaxed")
         else:
             w_next = w + gl.num_programs(0)
         kv_head, n0, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _dkdv_work_item(
@@ -330,7 +322,7 @@ def _dkdv_persistent_producer(
         j += 1
         w = w_next
     if DYNAMIC:  # the end (w >= total)
-        publish_item(items, item_bars, j & 1, w)
+        work_order.publish_item(items, item_bars, j & 1, w)
 
 
 @gluon.jit
@@ -565,7 +557,7 @@ def _dkdv_persistent_consumer(
     )  # fmt: skip
     it = 0
     j = 0
-    w = take_item(items, item_bars, j) if DYNAMIC else gl.program_id(0)
+    w = work_order.take_item(items, item_bars, j) if DYNAMIC else gl.program_id(0)
     while w < total:
         kv_head, n0, q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = _dkdv_work_item(
             w, total, work, BLOCK_N, HAS_POSITIONS
@@ -587,11 +579,11 @@ def _dkdv_persistent_consumer(
             NUM_CONSUMERS, WG,
         )  # fmt: skip
         j += 1
-        w = take_item(items, item_bars, j) if DYNAMIC else w + gl.num_programs(0)
+        w = work_order.take_item(items, item_bars, j) if DYNAMIC else w + gl.num_programs(0)
     if DQ_ATOMIC and NUM_CONSUMERS == 2:
         tma_store_wait(0)  # dq_smem stays allocated until the last reduction has read it
     if DYNAMIC and WG == 0:  # this program's producer took its last ticket
-        retire_program(ticket_ptr)
+        work_order.retire_program(ticket_ptr)
 
 
 @gluon.jit

@@ -63,7 +63,7 @@ class GluonTile(WarpSpecializedTile):
     # the H200, 64x64w4s2c1 at maxnreg 128 with 2 per SM ran (D=128, slower than TILES), but the
     # D=64 tile 64x64w4s3c1 so configured raised "CUDA error: an illegal instruction" (not investigated).
     ctas_per_sm: int = 1
-    # The work order (``tiles.item_and_head``): heads per section of the list (0: all),
+    # The work order (``work_order.item_and_head``): heads per section of the list (0: all),
     # items taken dynamically from a ticket, or else in static rounds, every other one reversed.
     head_section: int = 0
     dynamic: bool = False
@@ -296,7 +296,7 @@ def forward(call: ForwardCall) -> tuple[Tensor, Tensor]:
 
 
 HEAD_SECTION: int | None = None
-"""Heads per section of the work list (``tiles.item_and_head``): the programs running at
+"""Heads per section of the work list (``work_order.item_and_head``): the programs running at
 one time share the K/V of fewer heads. ``None``: the tile's ``head_section``; 0: one section of
 every head. Read when a plan is made (as are the two settings below)."""
 

@@ -2,7 +2,7 @@
 
 Persistent: ``G`` programs (one per SM) take the work items of a list built on the device from the
 offsets (``schedule.py``: query tiles of ``BLOCK_M`` rows, tile index descending, heads in sections
-innermost; :func:`item_and_head`), either every ``G``-th (``p, p + G, ...``, optionally every other
+innermost; ``work_order.py``), either every ``G``-th (``p, p + G, ...``, optionally every other
 round reversed) or, with ``DYNAMIC``, the next unclaimed one from a ticket, so short documents leave
 no empty programs and nothing syncs with the host.
 Before the warp-specialized region the programs write every padding row (``out`` 0, ``lse`` -inf)
@@ -32,6 +32,7 @@ end; output rows are stored with a row mask. Visibility and tile ranges follow `
 from __future__ import annotations
 
 from thd.ops.attention.geometry import padding_span, sequence_pair, visible
+from thd.ops.attention.gluon import work_order
 from thd.ops.attention.gluon.compat import (
     cta_barrier,
     fence_async_shared,
@@ -43,14 +44,7 @@ from thd.ops.attention.gluon.compat import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from thd.ops.attention.gluon.tiles import (
-    fetch_add,
-    item_and_head,
-    key_tiles,
-    publish_item,
-    retire_program,
-    take_item,
-)
+from thd.ops.attention.gluon.tiles import key_tiles
 from thd.ops.attention.softmax_terms import fold_sink
 
 __all__ = ["attention_fwd_kernel"]
@@ -104,15 +98,15 @@ def _work_item(
     w, work, HAS_POSITIONS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
 ):  # fmt: skip
-    """Work item ``w`` (:func:`item_and_head`) of the list and layout ``work`` (the kernel's tuple):
-    its head, query tile, the sequence's query and key spans, its visible band ``[d_lo, d_hi]`` of
-    key index minus query index (bottom-right aligned, or placed by the positions) and the query
-    tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
+    """Work item ``w`` (``work_order.item_and_head``) of the list and layout ``work`` (the kernel's
+    tuple): its head, query tile, the sequence's query and key spans, its visible band
+    ``[d_lo, d_hi]`` of key index minus query index (bottom-right aligned, or placed by the
+    positions) and the query tile's key tiles ``(a, b, c, end)`` (``key_tiles``)."""
     (
         seq_ptr, blk_ptr, total, num_heads, head_section, serpentine, cu_q_ptr, cup_q_ptr, cu_k_ptr,
         cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, window_left, window_right,
     ) = work  # fmt: skip
-    item, head = item_and_head(w, total, num_heads, head_section, serpentine)
+    item, head = work_order.item_and_head(w, total, num_heads, head_section, serpentine)
     b = gl.load(seq_ptr + item)
     m_block = gl.load(blk_ptr + item)
     q_start, seqlen_q, k_start, seqlen_k, d_lo, d_hi = sequence_pair(
@@ -239,7 +233,7 @@ def _producer(
     PARTS: gl.constexpr = 3 if NUM_WG == 3 else 1  # Q buffers per query tile (QUERY_PARTS)
     TILE_M: gl.constexpr = PARTS * q_smem.shape[1] // PACK  # positions per item
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    w = fetch_add(ticket_ptr, "relaxed") if DYNAMIC else gl.program_id(0)
+    w = work_order.fetch_add(ticket_ptr, "relaxed") if DYNAMIC else gl.program_id(0)
     while w < total:
         if PROFILE:
             c0 = _tick(t)
@@ -252,8 +246,8 @@ def _producer(
             c1 = _tick(end)
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
         if DYNAMIC:  # the slot is free with the Q buffer
-            publish_item(items, item_bars, qi, w)
-            w_next = fetch_add(ticket_ptr, "relaxed")
+            work_order.publish_item(items, item_bars, qi, w)
+            w_next = work_order.fetch_add(ticket_ptr, "relaxed")
         else:
             w_next = w + gl.num_programs(0)
         if PROFILE:
@@ -279,7 +273,7 @@ def _producer(
     if DYNAMIC:  # the end (w >= total), once the consumers are done with the slot
         qi = t & 1
         mbarrier.wait(q_bars.index(2 + qi), ((t >> 1) & 1) ^ 1)
-        publish_item(items, item_bars, qi, w)
+        work_order.publish_item(items, item_bars, qi, w)
     if PROFILE:  # row NUM_WG: total, geometry, Q buffer waits, copies, stage waits in them, tiles, items
         z = gl.to_tensor(0)
         total_cycles = (_tick(t) - start).to(gl.int32)
@@ -445,7 +439,7 @@ def _consumer(
         c_s = 0
         c_pv = 0
         c_end = 0
-    w = take_item(items, item_bars, t) if DYNAMIC else gl.program_id(0)
+    w = work_order.take_item(items, item_bars, t) if DYNAMIC else gl.program_id(0)
     while w < total:
         if PROFILE:
             e0 = _tick(t)
@@ -604,11 +598,11 @@ def _consumer(
         if PROFILE:
             c_end += (_tick(t) - e4).to(gl.int32)
         if DYNAMIC:
-            w = take_item(items, item_bars, t)
+            w = work_order.take_item(items, item_bars, t)
         else:
             w += gl.num_programs(0)
     if DYNAMIC and WG == 0:  # this program's producer took its last ticket
-        retire_program(ticket_ptr)
+        work_order.retire_program(ticket_ptr)
     if PROFILE:  # row WG: total, item geometry, Q, K, V, turn, S, P V waits, epilogue, tiles, items
         z = gl.to_tensor(0)
         total_cycles = (_tick(t) - start).to(gl.int32)
