@@ -90,8 +90,9 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13}" in
   PYTHONPATH=src:. timeout -s INT -k 15 150 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
     --timeout 140 -rfE tests/ops/gluon/test_backward_gpu.py -k dynamic > "$OUT/dynamic-tests.log" 2>&1
   tail -6 "$OUT/dynamic-tests.log"
-  # DIM:TILE:TOKENS:DOCS; per process: tl, the default tiles, per-tile, static sections of 4, dynamic
-  # sections of 1 and of 4
+  # DIM:TILE:TOKENS:DOCS; per process: tl, the default tiles with atomic and with split dQ (its own
+  # kernel: no fp32 dQ to zero and cast, measured only on long documents so far), per-tile, static
+  # sections of 4, dynamic sections of 1 and of 4
   for run in 64:128x128s2c2:32768:512-8192 64:128x128s2c2:16384:64-1024 128:64x128s3c2:32768:512-8192 \
              64:128x128s2c2:16384:256-4096 128:64x128s3c2:16384:64-1024; do
     IFS=: read -r dim tile tokens docs <<< "$run"
@@ -100,7 +101,7 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13}" in
     [ "$limit" -lt 35 ] && { echo "== no time left for D$dim $tokens $docs"; continue; }
     echo "== backward alone, D$dim $tokens $docs ($limit s) $(date +%T)"
     PYTHONPATH=src:benchmarks:. timeout "$limit" python3 benchmarks/bench_gluon_bwd.py --dims "$dim" \
-      --tokens "$tokens" --docs "$docs" --providers tl gluon \
+      --tokens "$tokens" --docs "$docs" --providers tl gluon gluon-split-dq \
       --dkdv-tiles "$tile" "${tile}ph4" "${tile}ph1d" "${tile}ph4d" --rep-ms 40 \
       --out "$OUT/gluon-bwd-dynamic-d$dim-$tokens-$docs.json" 2>&1 | grep -E '^D[0-9]'
   done
