@@ -6,9 +6,9 @@ in the list's order (longest first) with the section's heads innermost."""
 
 from __future__ import annotations
 
-import random
 import types
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -64,12 +64,16 @@ def test_serpentine_reverses_every_other_full_round() -> None:
     assert [[i for i, _ in pairs] for pairs in taken] == [[0, 7, 8], [1, 6, 9], [2, 5], [3, 4]]
 
 
-def _document_lengths(total: int, lo: int, hi: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    lengths: list[int] = []
-    while sum(lengths) < total:
-        lengths.append(min(rng.randint(lo, hi), total - sum(lengths)))
-    return lengths
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+
+
+@pytest.fixture
+def document_lengths(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, int, int, int], list[int]]:
+    """The benchmarks' document lengths (``benchmarks/_common.py``), as the goal table draws them."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _common
+
+    return _common.document_lengths
 
 
 def _dkdv_items(lengths: list[int], block_n: int) -> list[tuple[int, int]]:
@@ -92,7 +96,7 @@ LAYOUTS = [(16384, 64, 1024), (16384, 256, 4096), (32768, 512, 8192), (65536, 25
 @pytest.mark.parametrize("block_m", [64, 128])
 @pytest.mark.parametrize(("tokens", "lo", "hi"), LAYOUTS)
 def test_one_section_of_all_heads_balances_the_causal_backward(
-    tokens: int, lo: int, hi: int, block_m: int
+    document_lengths: Callable[[int, int, int, int], list[int]], tokens: int, lo: int, hi: int, block_m: int
 ) -> None:
     """The persistent dK/dV kernel's static rounds (128-key items, 132 programs, 16 heads, one
     section, serpentine) give the busiest program at most 1.1x the mean causal work (query tiles
@@ -102,7 +106,7 @@ def test_one_section_of_all_heads_balances_the_causal_backward(
     programs, heads, block_n = 132, 16, 128
     order = _order(programs)
     for seed in range(3):
-        lengths = _document_lengths(tokens, lo, hi, seed)
+        lengths = document_lengths(tokens, lo, hi, seed)
         items = _dkdv_items(lengths, block_n)
         total = len(items) * heads
         loads = [0] * programs
