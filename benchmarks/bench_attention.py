@@ -75,15 +75,19 @@ TIMING_DEFINITION = (
 )
 
 
+VARIANT_NAMES = ("window", "softcap", "sinks")
+
+
 def variant_problems(args: argparse.Namespace) -> list[tuple[Variant, LayoutSpec]]:
     tokens, window = args.variant_tokens, args.window
     docs = LayoutSpec(tokens, "512-8192")
-    return [
+    problems = [
         (Variant(f"window{window}", window_left=window), docs),
         (Variant(f"window{window}", window_left=window, one_document=True), docs),
         (Variant("softcap50", softcap=50.0), docs),
         (Variant("sinks", sinks=True), docs),
     ]
+    return [(v, d) for v, d in problems if v.name.startswith(tuple(args.variant_names))]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -112,6 +116,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--variants", action="store_true", help="also window / softcap / sinks, thd vs FA4")
+    parser.add_argument(
+        "--variant-names", nargs="+", choices=VARIANT_NAMES, default=list(VARIANT_NAMES),
+        help="with --variants: which of them (default: all)",
+    )  # fmt: skip
     parser.add_argument("--variant-tokens", type=int, default=None, help="default 32768 (4096 with --quick)")
     parser.add_argument(
         "--window", type=int, default=None, help="left window (default 4096; 1024 with --quick)"

@@ -39,7 +39,7 @@ prefer_gluon_suite() {  # $1: seconds; SIGINT at the limit, so pytest still prin
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -105,6 +105,22 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13}" in
       --dkdv-tiles "$tile" "${tile}ph4" "${tile}ph1d" "${tile}ph4d" --rep-ms 40 \
       --out "$OUT/gluon-bwd-dynamic-d$dim-$tokens-$docs.json" 2>&1 | grep -E '^D[0-9]'
   done
+  ;;
+14)  # after `fa4-wheels.sh stage`, carry .fa4/b: the Gluon backward's softcap, tests then timing
+  eval "$(bash .fa4/b/fa4-wheels.sh install)" || exit 1
+  echo "== softcap backward tests $(date +%T)"
+  PYTHONPATH=src:. timeout -s INT -k 10 110 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+    --timeout 100 -rfE tests/ops/gluon/test_backward_gpu.py -k "softcap or supports" 2>&1 | tail -6
+  echo "== plain and softcap 50, thd tl / gluon / FA4 $(date +%T)"
+  PYTHONPATH=src:.:$PYTHONPATH timeout 100 python3 benchmarks/bench_attention.py --variants --variant-names softcap \
+    --out "$OUT/attention-softcap.json" --providers thd-tl thd-gluon fa4 --layouts 32768:512-8192 \
+    --budget-s 80 --rep-ms 30 --trials 3 2>&1 | tail -1
+  PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT/attention-softcap.json" 2>&1 | tail -6
+  echo "== the same, one-partition backward tiles (THD_GLUON_BWD_CONSUMERS=1) $(date +%T)"
+  THD_GLUON_BWD_CONSUMERS=1 PYTHONPATH=src:.:$PYTHONPATH timeout 60 python3 benchmarks/bench_attention.py --variants \
+    --variant-names softcap --out "$OUT/attention-softcap-one-partition.json" --providers thd-gluon \
+    --layouts 32768:512-8192 --modes fwd_bwd --budget-s 40 --rep-ms 30 --trials 3 2>&1 | tail -1
+  PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT/attention-softcap-one-partition.json" 2>&1 | tail -6
   ;;
 esac
 echo "== done $(date +%T)"

@@ -188,6 +188,20 @@ def test_attention_rounds_take_the_median_of_round_medians(monkeypatch: pytest.M
     assert bench_attention.combine_rounds(rounds[:1]) == rounds[0]
 
 
+def test_variant_names_pick_the_variant_problems(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_attention
+
+    def names(*argv: str) -> list[tuple[str, bool]]:
+        args = bench_attention.parse_args(["--out", "x.json", "--variants", *argv])
+        return [(v.name, v.one_document) for v, _ in bench_attention.variant_problems(args)]
+
+    every = names()
+    assert every == [("window4096", False), ("window4096", True), ("softcap50", False), ("sinks", False)]
+    assert names("--variant-names", "softcap") == [("softcap50", False)]
+    assert names("--variant-names", "sinks", "window") == [e for e in every if e[0] != "softcap50"]
+
+
 def test_recorded_command_names_every_thd_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import _common

@@ -108,7 +108,14 @@ def _forward(head_dim: int = 128, head_dim_v: int = 128, dtype: str = "bf16", **
     )
 
 
-_BACKWARD = {"GROUP": 1, "HAS_POSITIONS": False, "HAS_LEFT": False, "HAS_RIGHT": True, "ACCUMULATE": False}
+_BACKWARD = {
+    "GROUP": 1,
+    "HAS_POSITIONS": False,
+    "HAS_LEFT": False,
+    "HAS_RIGHT": True,
+    "SOFTCAP": False,
+    "ACCUMULATE": False,
+}
 _RING = {"NUM_STAGES": 2, "NUM_WARPS": 8, "NUM_CONSUMERS": 1, "CONSUMER_REGS": 240, "PRODUCER_REGS": 24}
 
 
@@ -204,6 +211,13 @@ CONFIGS: dict[str, Config] = {
     "dkdv-d64-2wg-persistent-dynamic": _dkdv(64, persistent=True, **_DKDV_2WG[64], SLOTS=False, DYNAMIC=True),
     "dkdv-d128-2wg-persistent-dynamic": _dkdv(128, persistent=True, **_DKDV_2WG[128], DYNAMIC=True),
     "dkdv-d64-persistent-dynamic-split": _dkdv(64, persistent=True, DQ_ATOMIC=False, DYNAMIC=True),
+    # softcap: the tiles backward.tiles_for gives it (64-query dK/dV tiles at head dim 64)
+    "dkdv-d128-2wg-softcap": _dkdv(128, **_DKDV_2WG[128], SOFTCAP=True),
+    "dkdv-d64-2wg-softcap": _dkdv(64, **_DKDV_2WG[64] | {"BLOCK_M": 64}, SOFTCAP=True),
+    "dkdv-d64-2wg-persistent-softcap": _dkdv(
+        64, persistent=True, **_DKDV_2WG[64] | {"BLOCK_M": 64}, SOFTCAP=True, HAS_LEFT=True
+    ),
+    "dq-d128-2wg-softcap": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2, SOFTCAP=True),
     "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
     "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
 }

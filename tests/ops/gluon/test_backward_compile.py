@@ -30,6 +30,9 @@ CONFIGS = (
     "dkdv-d128-2wg-persistent",
     "dkdv-d64-2wg-persistent",
     "dkdv-d64-2wg-persistent-dynamic",
+    "dkdv-d128-2wg-softcap",
+    "dkdv-d64-2wg-persistent-softcap",
+    "dq-d128-2wg-softcap",
 )
 # Bytes ptxas (Triton 3.6) may spill, per configuration (none where not named). The dK/dV kernels
 # at head dim 128 spill a few loop scalars: 80 and 56 bytes (stores and loads) since each stage's
@@ -40,6 +43,8 @@ CONFIGS = (
 # The persistent dK/dV programs (same tiles) keep their work list's arguments and the next item's
 # addresses live through the key tile: 920 and 928 bytes (ptxas 3.6), about 5 and 9 more local
 # loads per query tile than the per-tile programs.
+# Softcap: the tanh's values beside S^T and dP^T cost the head-dim-128 tile 856 bytes (one partition
+# of 8 warps: 292); at head dim 64 its 64-query tile (backward.tiles_for) spills 44 to 76 (128 queries: 2856).
 SPILL_LIMITS = {
     "dkdv-d128": 96,
     "dkdv-d128-2wg": 368,
@@ -48,6 +53,8 @@ SPILL_LIMITS = {
     "dkdv-d128-2wg-persistent": 936,
     "dkdv-d64-2wg-persistent": 944,
     "dkdv-d64-2wg-persistent-dynamic": 936,
+    "dkdv-d128-2wg-softcap": 872,
+    "dkdv-d64-2wg-persistent-softcap": 96,
 }
 
 
@@ -70,6 +77,13 @@ def _assert_fa3_structure(stats: dict[str, dict[str, object]]) -> None:
     # done count that zeroes it; the static order draws none
     assert stats["dkdv-d64-2wg-persistent-dynamic"]["ticket_add"] == 3
     assert stats["dkdv-d64-2wg-persistent"]["ticket_add"] == 0
+    # the softcap's tanh: one more exp2 per score than the plain kernels (MUFU counted by ptxas)
+    if "mufu_ex2" in stats["dq-d128-2wg"]:
+        for plain, capped in (
+            ("dkdv-d128-2wg", "dkdv-d128-2wg-softcap"),
+            ("dq-d128-2wg", "dq-d128-2wg-softcap"),
+        ):
+            assert stats[capped]["mufu_ex2"] == 2 * stats[plain]["mufu_ex2"], (plain, capped)  # type: ignore[operator]
 
 
 def test_compiles_for_sm90_with_this_triton() -> None:

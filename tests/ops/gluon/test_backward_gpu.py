@@ -79,6 +79,7 @@ def _reference_grads(q, k, v, do, layout: Layout, options: AttentionOptions, sin
         causal=options.causal,
         softmax_scale=options.softmax_scale,
         window_size=options.window_size,
+        softcap=options.softcap,
         sinks=sink_leaf,
     )
     real_q = layout.real_rows("q", DEVICE)[:, None, None]
@@ -174,6 +175,36 @@ def test_window_and_sinks(window) -> None:
     ref = _reference_grads(q, k, v, do, layout, options, sinks)
     _check(layout, got, tl_grads, ref)
     torch.testing.assert_close(got[3].float(), ref["dsinks"], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize(
+    ("layout_name", "dim", "heads", "window", "sinks"),
+    [
+        ("padded", 64, (8, 2), (-1, 0), False),
+        ("packed", 64, (4, 4), (-1, -1), True),
+        ("cross", 128, (4, 1), (100, 0), False),
+        ("padded", 128, (6, 3), (-1, 0), True),
+    ],
+)
+def test_softcap(layout_name, dim, heads, window, sinks, deterministic, monkeypatch) -> None:
+    """Scores ``softcap * tanh(s / softcap)`` (a cap of 5 bends most of them) with the tiles the
+    call gets (64-query dK/dV tiles at head dim 64), against the fp32 reference and tl."""
+    monkeypatch.setattr(gluon_backward, "ATOMIC_DQ", not deterministic)
+    layout = LAYOUTS[layout_name]
+    options = AttentionOptions(dim**-0.5, window_size=window, softcap=5.0, deterministic=deterministic)
+    sink_values = torch.randn(heads[0], device=DEVICE) if sinks else None
+    q, k, v, do = make_qkv(layout, heads[0], heads[1], dim, dim, torch.bfloat16, DEVICE)
+    varlen = _varlen(layout)
+    out, lse = tl_forward(q, k, v, varlen, options, sinks=sink_values)
+    real_q = layout.real_rows("q", DEVICE)
+    do, out = poison_rows(do, real_q), poison_rows(out, real_q)
+    assert gluon_backward.supports_backward(backward_call(do, q, k, v, out, lse, varlen, options))
+    got, tl_grads = _both(do, q, k, v, out, lse, varlen, options, sinks=sink_values)
+    ref = _reference_grads(q, k, v, do, layout, options, sink_values)
+    _check(layout, got, tl_grads, ref)
+    if sinks:
+        torch.testing.assert_close(got[3].float(), ref["dsinks"], atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.usefixtures("atomic_dq")
@@ -354,7 +385,7 @@ def test_supports_backward_turns_down_what_it_does_not_cover() -> None:
     plain = AttentionOptions(0.1, causal=True)
     q = torch.randn(64, 4, 128, device=DEVICE, dtype=torch.bfloat16)
     assert _supported(q, q, q, layout, plain)
-    assert not _supported(q, q, q, layout, AttentionOptions(0.1, softcap=30.0))
+    assert _supported(q, q, q, layout, AttentionOptions(0.1, softcap=30.0))
     assert not _supported(q.float(), q.float(), q.float(), layout, plain)
     q96 = torch.randn(64, 4, 96, device=DEVICE, dtype=torch.bfloat16)
     assert not _supported(q96, q96, q96, layout, plain)

@@ -226,3 +226,39 @@ def test_persistent_order_reaches_the_kernel(
     assert args[names.index("serpentine")] == int(tile.serpentine and not ticket)
     count = args[names.index("count_ptr")]
     assert int(count[0]) == 6 and count[1:3].tolist() == [0, 0]  # key tiles: 1 + 3 + 0 + 2
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["split-dq", "atomic-dq"])
+def test_softcap_reaches_every_kernel_that_computes_scores(
+    calls: list, deterministic: bool, persistent: bool
+) -> None:
+    """Oracle: the call's options. The kernels get ``SOFTCAP`` and the cap's value in their
+    ``softcap`` parameter; a call without softcap passes ``SOFTCAP=False``."""
+    plain = _call(0, (70, 130), deterministic=deterministic)
+    capped = plain._replace(
+        options=AttentionOptions(0.125, causal=True, softcap=30.0, deterministic=deterministic)
+    )
+    for call, expected in ((plain, False), (capped, True)):
+        for name, _, kwargs, args in _launches(calls, call):
+            if name == "_preprocess_kernel":
+                continue
+            assert kwargs["SOFTCAP"] is expected, name
+            if expected:
+                assert args[ARG_NAMES[name].index("softcap")] == 30.0, name
+
+
+def test_softcap_takes_64_query_dkdv_tiles_at_head_dim_64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Oracle: the tile table. With softcap the two-partition dK/dV tile of head dim 64 (128
+    queries) takes 64 queries, the same object on every call (plans compare tiles by identity);
+    head dim 128 (64 already) and the one-partition tiles are left as they are."""
+    table = gluon_backward.TWO_CONSUMER_TILES
+    monkeypatch.setattr(gluon_backward, "TILES", dict(table))
+    assert table[("dkdv", 64)].block_m == 128
+    dkdv, dq = gluon_backward.tiles_for(64, softcap=True)
+    assert dkdv.block_m == 64 and dkdv.block_n == table[("dkdv", 64)].block_n and dq is table[("dq", 64)]
+    assert dkdv.persistent_up_to == table[("dkdv", 64)].persistent_up_to
+    assert gluon_backward.tiles_for(64, softcap=True)[0] is dkdv
+    assert gluon_backward.tiles_for(64, softcap=False)[0] is table[("dkdv", 64)]
+    assert gluon_backward.tiles_for(128, softcap=True)[0] is table[("dkdv", 128)]
+    monkeypatch.setattr(gluon_backward, "TILES", dict(gluon_backward.ONE_CONSUMER_TILES))
+    assert gluon_backward.tiles_for(64, softcap=True)[0] is gluon_backward.ONE_CONSUMER_TILES[("dkdv", 64)]

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from thd.ops.attention.geometry import padding_span, sequence_pair, span, tile_ranges, visible
-from thd.ops.attention.softmax_terms import fold_sink, store_delta
+from thd.ops.attention.softmax_terms import fold_sink, scores_log2, store_delta
 
 __all__ = [
     "_attention_bwd_dkdv_kernel",
@@ -75,12 +75,6 @@ def _dot_acc(a, b, acc, UPCAST: tl.constexpr):
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     return tl.dot(a, b, acc)
-
-
-@triton.jit
-def _tanh(x):
-    # exp-based, so the interpreter and every backend agree; saturates cleanly at +-1.
-    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
 
 
 @triton.jit
@@ -212,15 +206,6 @@ def _stage_bounds(STAGE: tl.constexpr, a, b, c, end):
         return c, end
 
 
-@triton.jit
-def _scores(raw, sm_scale, softcap, SOFTCAP: tl.constexpr):
-    """Scores in the log2 domain, and the tanh needed by the softcap's derivative."""
-    if SOFTCAP:
-        t = _tanh(raw * (sm_scale / softcap))
-        return t * (softcap * LOG2E), t
-    return raw * (sm_scale * LOG2E), raw
-
-
 # ----------------------------------------------------------------------------- forward
 
 
@@ -270,7 +255,7 @@ def _fwd_tiles(
             s = _dot(q, tl.trans(k), UPCAST)
             scale = sm_scale * LOG2E
         else:
-            s, _ = _scores(_dot(q, tl.trans(k), UPCAST), sm_scale, softcap, SOFTCAP)
+            s, _ = scores_log2(_dot(q, tl.trans(k), UPCAST), sm_scale, softcap, SOFTCAP)
             scale = 1.0
         if MASKED:
             s = tl.where(
@@ -580,7 +565,7 @@ def _bwd_kv_tiles(
         )
         lse = _load_lse(lse_base, rows, seqlen_q)
         delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
-        s_t, t_t = _scores(_dot(k, tl.trans(q), UPCAST), sm_scale, softcap, SOFTCAP)  # [BLOCK_N, BLOCK_M]
+        s_t, t_t = scores_log2(_dot(k, tl.trans(q), UPCAST), sm_scale, softcap, SOFTCAP)  # [BLOCK_N, BLOCK_M]
         p_t = tl.exp2(s_t - lse[None, :])
         if MASKED:
             p_t = tl.where(
@@ -838,7 +823,7 @@ def _bwd_q_tiles(
         cols = start_n + offs_n
         k = _load_tile(k_src, start_n, cols, offs_d, stride_kt, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, TMA)
         v = _load_tile(v_src, start_n, cols, offs_dv, stride_vt, seqlen_k, HEAD_DIM_V, BLOCK_DV, MASKED, TMA)
-        s, t = _scores(_dot(q, tl.trans(k), UPCAST), sm_scale, softcap, SOFTCAP)  # [BLOCK_M, BLOCK_N]
+        s, t = scores_log2(_dot(q, tl.trans(k), UPCAST), sm_scale, softcap, SOFTCAP)  # [BLOCK_M, BLOCK_N]
         p = tl.exp2(s - lse[:, None])
         if MASKED:
             p = tl.where(

@@ -10,9 +10,26 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["fold_sink", "store_delta"]
+__all__ = ["fold_sink", "scores_log2", "store_delta", "tanh"]
 
 LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def tanh(x):
+    """``tanh(x)`` from one ``exp2`` (so the interpreter and every backend agree); saturates cleanly
+    at +-1 and keeps NaN."""
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def scores_log2(raw, sm_scale, softcap, SOFTCAP: tl.constexpr):
+    """Raw ``q.k`` products as scores in the log2 domain, and the tanh the softcap's derivative
+    needs (``raw`` itself without ``SOFTCAP``): ``softcap * tanh(raw * scale / softcap) * log2 e``."""
+    if SOFTCAP:
+        t = tanh(raw * (sm_scale / softcap))
+        return t * (softcap * LOG2E), t
+    return raw * (sm_scale * LOG2E), raw
 
 
 @triton.jit

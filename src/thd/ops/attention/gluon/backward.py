@@ -3,7 +3,7 @@
 :func:`backward` keeps :func:`thd.ops.attention.launch.backward`'s contract exactly (one
 :class:`~thd.ops.attention.params.BackwardCall`); calls that
 :func:`supports_backward` turns down (CPU, the interpreter, GPUs other than sm_90, a Triton
-without Gluon's Hopper surface, softcap, head dims other than 64 and 128, D != Dv, fp32,
+without Gluon's Hopper surface, head dims other than 64 and 128, D != Dv, fp32,
 tensors the copy engine cannot read) stay on the tl kernels.
 """
 
@@ -37,6 +37,7 @@ __all__ = [
     "dynamic",
     "persistent",
     "supports_backward",
+    "tiles_for",
 ]
 
 _SETTINGS = kernel_settings()  # read once, with the kernels (thd._runtime.config)
@@ -149,8 +150,6 @@ def supports_backward(call: BackwardCall) -> bool:
     head_dim = q.shape[2]
     if head_dim not in HEAD_DIMS or k.shape[2] != head_dim or v.shape[2] != head_dim:
         return False
-    if call.options.softcap > 0.0:
-        return False
     if accumulate is not None and any(t.dtype != torch.float32 for t in accumulate):
         return False
     return all(_tma_readable(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
@@ -226,13 +225,15 @@ def _make_plan(
             },
         )
     sizes = (q.shape[0], k.shape[0], *host.row_strides(q, k, v, do))
-    window = (options.softmax_scale, max(options.window_left, 0), max(options.window_right, 0))
+    softcap = options.softcap if options.softcap > 0.0 else 1.0  # SOFTCAP off: the value is unused
+    window = (options.softmax_scale, softcap, max(options.window_left, 0), max(options.window_right, 0))
     variant = {
         "GROUP": num_heads // num_kv_heads,
         "HEAD_DIM": q.shape[2],
         "HAS_POSITIONS": layout.positions_q is not None and layout.positions_kv is not None,
         "HAS_LEFT": options.window_left >= 0,
         "HAS_RIGHT": options.window_right >= 0,
+        "SOFTCAP": options.softcap > 0.0,
         "ACCUMULATE": call.accumulate is not None,
     }
     dkdv = work_list = None
@@ -287,10 +288,23 @@ def dynamic(tile: GluonTile) -> bool:
     return tile.dynamic if DYNAMIC_ORDER is None else DYNAMIC_ORDER
 
 
+_SOFTCAP_DKDV_TILES: dict[GluonTile, GluonTile] = {}
+
+
+def tiles_for(head_dim: int, softcap: bool) -> tuple[GluonTile, GluonTile]:
+    """The (dK/dV, dQ) tiles of :data:`TILES` for a call, the same objects call after call. With
+    ``softcap`` a two-partition dK/dV tile takes at most 64 queries: the tanh's values beside
+    ``S^T``, ``dP^T``, dK and dV outgrow the consumers' registers with 128 (ptxas 3.6 at head dim
+    64 spills 2856 bytes with 128, 44 with 64)."""
+    dkdv = TILES[("dkdv", head_dim)]
+    if softcap and dkdv.consumers == 2 and dkdv.block_m > 64:
+        dkdv = _SOFTCAP_DKDV_TILES.setdefault(dkdv, replace(dkdv, block_m=64))
+    return dkdv, TILES[("dq", head_dim)]
+
+
 def _plan(call: BackwardCall, inputs: tuple, grads: tuple, atomic: bool) -> tuple[_BackwardPlan, bool]:
     """The call's plan, and whether an earlier call made it (else it is made now)."""
-    head_dim = inputs[0].shape[2]
-    tiles = (TILES[("dkdv", head_dim)], TILES[("dq", head_dim)])
+    tiles = tiles_for(inputs[0].shape[2], softcap=call.options.softcap > 0.0)
     key = _plan_key(call, inputs, grads, atomic)
     found = PLANS.get(key)
     if found is not None and found.tiles[0] is tiles[0] and found.tiles[1] is tiles[1]:

@@ -50,7 +50,7 @@ from thd.ops.attention.geometry import padding_span, sequence_pair, span, visibl
 from thd.ops.attention.gluon import work_order
 from thd.ops.attention.gluon.compat import cta_barrier, tma_load, tma_reduce_add, tma_store_wait
 from thd.ops.attention.gluon.tiles import key_tiles, query_tiles, row_descriptor
-from thd.ops.attention.softmax_terms import store_delta
+from thd.ops.attention.softmax_terms import scores_log2, store_delta
 
 __all__ = ["_dkdv_kernel", "_dkdv_persistent_kernel", "_dq_kernel", "_preprocess_kernel"]
 
@@ -342,7 +342,7 @@ def _dq_reduce_descriptor(dq_ptr, q_start, seqlen_q, kv_head, stride_dqt, GROUP:
 def _dkdv_key_tile(
     dq_desc, tile, buffers, it, j,
     GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr, NUM_CONSUMERS: gl.constexpr, WG: gl.constexpr,
+    DQ_ATOMIC: gl.constexpr, NUM_CONSUMERS: gl.constexpr, WG: gl.constexpr, SOFTCAP: gl.constexpr,
 ):  # fmt: skip
     """dK and dV of key rows ``[n0 + WG * WG_ROWS, n0 + (WG + 1) * WG_ROWS)`` in registers over every
     visible query tile of the group's heads (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``), stored (or
@@ -351,10 +351,11 @@ def _dkdv_key_tile(
     per-element atomics. Two partitions (FA3's): each stores its rows of ``dS^T`` in shared memory,
     both wait for the whole ``dS`` (``ds_full``), each computes its half of dQ's columns over all the
     tile's keys and adds it with one TMA reduce-add by ``dq_desc`` from ``dq_smem`` (rows past the
-    sequence are dropped by the descriptor). Returns the ring's next stage count ``it``."""
+    sequence are dropped by the descriptor). ``SOFTCAP``: scores ``softcap * tanh(S * scale /
+    softcap)``, dS times ``1 - tanh^2``. Returns the ring's next stage count ``it``."""
     (
         n0, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
-        seqlen_k, d_lo, d_hi, kv_head, sm_scale,
+        seqlen_k, d_lo, d_hi, kv_head, sm_scale, softcap,
     ) = tile  # fmt: skip
     (
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
@@ -388,7 +389,6 @@ def _dkdv_key_tile(
     dq_add_layout: gl.constexpr = gl.BlockedLayout(
         [1, 4], [128 // HEAD_DIM, HEAD_DIM // 4], [NUM_WARPS, 1], [1, 0]
     )
-    qk_scale = sm_scale * LOG2E
     zero_st = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, s_layout)  # S^T and dP^T start from nothing
     if DQ_ATOMIC:
         if NUM_CONSUMERS == 2:
@@ -414,12 +414,15 @@ def _dkdv_key_tile(
             dp_tok = warpgroup_mma(v_rows, do_tile.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
             lse = lse_smem.index(stage).load(stat_layout)
-            p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 0))
+            s, t = scores_log2(s, sm_scale, softcap, SOFTCAP)
+            p = gl.exp2(s - gl.expand_dims(lse, 0))
             if (m0 < b_) | (m0 >= c):
                 rows_1d = m0 + gl.arange(0, BLOCK_M, layout=stat_layout)
                 rows = gl.expand_dims(rows_1d, 0)
                 p = gl.where(visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
             p_op = gl.convert_layout(p.to(dtype), a_layout)
+            if SOFTCAP:  # from here p only scales dS: fold the tanh's derivative in, so t dies here
+                p = p * (1.0 - t * t)
             dv_tok = warpgroup_mma(p_op, do_tile, dv, is_async=True)
             dp = warpgroup_mma_wait(1, deps=(dp_tok,))
             delta = delta_smem.index(stage).load(stat_layout)
@@ -495,12 +498,13 @@ def _dkdv_consumer(
     DQ_ATOMIC: gl.constexpr,
     NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
+    SOFTCAP: gl.constexpr,
 ):
     """:func:`_dkdv_key_tile` over this program's key tiles of one sequence and kv head."""
     (
         dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
-        seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem, v_smem, q_smem, do_smem, ds_smem,
-        dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
+        seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, softcap, k_smem, v_smem, q_smem, do_smem,
+        ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
     ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     buffers = (
@@ -516,11 +520,11 @@ def _dkdv_consumer(
     for n_block in range(first, gl.cdiv(seqlen_k, BLOCK_N), step):
         tile = (
             n_block * BLOCK_N, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh,
-            q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, sm_scale,
+            q_start, seqlen_q, seqlen_k, d_lo, d_hi, kv_head, sm_scale, softcap,
         )  # fmt: skip
         it = _dkdv_key_tile(
             dq_desc, tile, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC,
-            NUM_CONSUMERS, WG,
+            NUM_CONSUMERS, WG, SOFTCAP,
         )  # fmt: skip
         j += 1  # noqa: SIM113 -- no enumerate in a kernel
     if DQ_ATOMIC and NUM_CONSUMERS == 2:
@@ -540,6 +544,7 @@ def _dkdv_persistent_consumer(
     NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
     DYNAMIC: gl.constexpr,
+    SOFTCAP: gl.constexpr,
 ):
     """:func:`_dkdv_key_tile` over a persistent program's work items (:func:`_dkdv_work_item`),
     every ``G``-th of the list or, with ``DYNAMIC``, those its producer publishes, as its producer
@@ -547,8 +552,8 @@ def _dkdv_persistent_consumer(
     reductions have read it."""
     (
         dk_ptr, dv_ptr, dq_ptr, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
-        sm_scale, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty,
-        ready, empty, lse_smem, delta_smem, items, item_bars, ticket_ptr,
+        sm_scale, softcap, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready,
+        kv_empty, ready, empty, lse_smem, delta_smem, items, item_bars, ticket_ptr,
     ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     buffers = (
@@ -572,11 +577,11 @@ def _dkdv_persistent_consumer(
             dq_desc = dq_ptr  # unused
         tile = (
             n0, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
-            seqlen_k, d_lo, d_hi, kv_head, sm_scale,
+            seqlen_k, d_lo, d_hi, kv_head, sm_scale, softcap,
         )  # fmt: skip
         it = _dkdv_key_tile(
             dq_desc, tile, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC,
-            NUM_CONSUMERS, WG,
+            NUM_CONSUMERS, WG, SOFTCAP,
         )  # fmt: skip
         j += 1
         w = work_order.take_item(items, item_bars, j) if DYNAMIC else w + gl.num_programs(0)
@@ -630,10 +635,10 @@ def _dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, cup_q_ptr,
     cup_k_ptr, pos_q_ptr, pos_k_ptr, rows_q, rows_k, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt,
     stride_vh, stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt,
-    stride_dqh, stride_lse_h, sm_scale, window_left, window_right, GROUP: gl.constexpr,
+    stride_dqh, stride_lse_h, sm_scale, softcap, window_left, window_right, GROUP: gl.constexpr,
     HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
-    ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+    SOFTCAP: gl.constexpr, ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):  # fmt: skip
     kv_head = gl.program_id(1)
@@ -670,8 +675,8 @@ def _dkdv_kernel(
     step = gl.num_programs(0)
     consumer = (
         dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
-        seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, k_smem, v_smem, q_smem, do_smem, ds_smem,
-        dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
+        seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, softcap, k_smem, v_smem, q_smem, do_smem,
+        ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
     )  # fmt: skip
     producer = (
         q_ptr + q_start.to(gl.int64) * stride_qt, do_ptr + q_start.to(gl.int64) * stride_dot,
@@ -683,22 +688,25 @@ def _dkdv_kernel(
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 1, 0)),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 1, 0,
+                                  SOFTCAP)),
                 (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
             [PRODUCER_REGS],
-        )
+        )  # fmt: skip
     else:  # two consumer warpgroups, each its half of the key tile, ordered only by the ring
         gl.warp_specialize(
             [
-                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 0)),
-                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 1)),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 0,
+                                  SOFTCAP)),
+                (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 1,
+                                  SOFTCAP)),
                 (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [NUM_WARPS, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
-        )
+        )  # fmt: skip
 
 
 @gluon.jit
@@ -706,9 +714,10 @@ def _dkdv_persistent_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, cup_q_ptr,
     cup_k_ptr, pos_q_ptr, pos_k_ptr, seq_ptr, blk_ptr, count_ptr, rows_q, rows_k, stride_qt, stride_qh,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt,
-    stride_dvh, stride_dqt, stride_dqh, stride_lse_h, sm_scale, window_left, window_right, num_seqs,
-    num_kv_heads, head_section, serpentine, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
-    HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr,
+    stride_dvh, stride_dqt, stride_dqh, stride_lse_h, sm_scale, softcap, window_left, window_right,
+    num_seqs, num_kv_heads, head_section, serpentine, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+    HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
+    ACCUMULATE: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
     NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, SLOTS: gl.constexpr, DYNAMIC: gl.constexpr,
@@ -758,8 +767,8 @@ def _dkdv_persistent_kernel(
     )  # fmt: skip
     consumer = (
         dk_ptr, dv_ptr, dq_ptr, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
-        sm_scale, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty,
-        ready, empty, lse_smem, delta_smem, items, item_bars, count_ptr + 1,
+        sm_scale, softcap, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready,
+        kv_empty, ready, empty, lse_smem, delta_smem, items, item_bars, count_ptr + 1,
     )  # fmt: skip
     producer = (
         q_ptr, do_ptr, k_ptr, v_ptr, stride_qt, stride_dot, stride_kt, stride_vt, lse_ptr, delta_ptr,
@@ -770,7 +779,7 @@ def _dkdv_persistent_kernel(
         gl.warp_specialize(
             [
                 (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                                             ACCUMULATE, DQ_ATOMIC, 1, 0, DYNAMIC)),
+                                             ACCUMULATE, DQ_ATOMIC, 1, 0, DYNAMIC, SOFTCAP)),
                 (_dkdv_persistent_producer, (producer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
                                              DYNAMIC)),
             ],
@@ -781,9 +790,9 @@ def _dkdv_persistent_kernel(
         gl.warp_specialize(
             [
                 (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                                             ACCUMULATE, DQ_ATOMIC, 2, 0, DYNAMIC)),
+                                             ACCUMULATE, DQ_ATOMIC, 2, 0, DYNAMIC, SOFTCAP)),
                 (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                                             ACCUMULATE, DQ_ATOMIC, 2, 1, DYNAMIC)),
+                                             ACCUMULATE, DQ_ATOMIC, 2, 1, DYNAMIC, SOFTCAP)),
                 (_dkdv_persistent_producer, (producer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
                                              DYNAMIC)),
             ],
@@ -839,13 +848,14 @@ def _dq_consumer(
     ACCUMULATE: gl.constexpr,
     NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
+    SOFTCAP: gl.constexpr,
 ):
     """dQ of query rows ``[WG * WG_ROWS, (WG + 1) * WG_ROWS)`` of each query tile in registers
     (``WG_ROWS = BLOCK_M / NUM_CONSUMERS``), summed over key tiles in a fixed order. Tile shapes
     come from the shared-memory buffers, the warps from this partition."""
     (
         lse_base, delta_base, dq_base, stride_dqt, seqlen_q, seqlen_k, d_lo, d_hi, first, step, sm_scale,
-        q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+        softcap, q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
     ) = args  # fmt: skip
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     HEAD_DIM: gl.constexpr = q_smem.shape[1]
@@ -867,7 +877,6 @@ def _dq_consumer(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, 16]
     )
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
-    qk_scale = sm_scale * LOG2E
     it = 0
     j = 0
     for m_block in range(first, gl.cdiv(seqlen_q, BLOCK_M), step):
@@ -895,7 +904,10 @@ def _dq_consumer(
             )
             dp_tok = warpgroup_mma(do_rows, v_smem.index(stage).permute((1, 0)), dp_init, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))
-            p = gl.exp2(s * qk_scale - lse)
+            s, t = scores_log2(s, sm_scale, softcap, SOFTCAP)
+            p = gl.exp2(s - lse)
+            if SOFTCAP:  # p only scales dS here: the tanh's derivative folded in
+                p = p * (1.0 - t * t)
             if (n0 < b_) | (n0 >= c):
                 cols = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)), 0)
                 p = gl.where(visible(rows, cols, seqlen_k, d_lo, d_hi, HAS_LEFT, HAS_RIGHT), p, 0.0)
@@ -922,11 +934,11 @@ def _dq_consumer(
 def _dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, cup_q_ptr, cup_k_ptr,
     pos_q_ptr, pos_k_ptr, rows_q, rows_k, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_dot, stride_doh, stride_dqt, stride_dqh, stride_lse_h, sm_scale, window_left, window_right,
-    GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr,
-    HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    stride_dot, stride_doh, stride_dqt, stride_dqh, stride_lse_h, sm_scale, softcap, window_left,
+    window_right, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr,
+    HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr, ACCUMULATE: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):  # fmt: skip
     head = gl.program_id(1)
     b = gl.program_id(2)
@@ -966,7 +978,7 @@ def _dq_kernel(
     step = gl.num_programs(0)
     consumer = (
         lse_base, delta_base, dq_base, stride_dqt, seqlen_q, seqlen_k, d_lo, d_hi, first, step, sm_scale,
-        q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
+        softcap, q_smem, do_smem, k_smem, v_smem, q_ready, q_empty, ready, empty,
     )  # fmt: skip
     producer = (
         q_base, do_base, k_base, v_base, stride_qt, stride_dot, stride_kt, stride_vt, seqlen_q, seqlen_k,
@@ -975,7 +987,7 @@ def _dq_kernel(
     if NUM_CONSUMERS == 1:
         gl.warp_specialize(
             [
-                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 1, 0)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 1, 0, SOFTCAP)),
                 (_dq_producer, (producer, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
@@ -984,8 +996,8 @@ def _dq_kernel(
     else:  # two consumer warpgroups, each its half of the query tile, ordered only by the ring
         gl.warp_specialize(
             [
-                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 0)),
-                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 1)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 0, SOFTCAP)),
+                (_dq_consumer, (consumer, HAS_LEFT, HAS_RIGHT, ACCUMULATE, 2, 1, SOFTCAP)),
                 (_dq_producer, (producer, HAS_LEFT, HAS_RIGHT)),
             ],
             [NUM_WARPS, 1],

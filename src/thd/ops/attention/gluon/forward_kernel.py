@@ -45,7 +45,7 @@ from thd.ops.attention.gluon.compat import (
     warpgroup_mma_wait,
 )
 from thd.ops.attention.gluon.tiles import key_tiles
-from thd.ops.attention.softmax_terms import fold_sink
+from thd.ops.attention.softmax_terms import fold_sink, tanh
 
 __all__ = ["attention_fwd_kernel"]
 
@@ -310,7 +310,7 @@ def _softmax_step(
     else:
         if SOFTCAP:
             x = s * (sm_scale / softcap)
-            s = (1.0 - 2.0 / (gl.exp2(x * (2.0 * LOG2E)) + 1.0)) * (softcap * LOG2E)
+            s = tanh(x) * (softcap * LOG2E)
         else:
             s = s * (sm_scale * LOG2E)
         scale = 1.0
