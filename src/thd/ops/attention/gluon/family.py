@@ -22,6 +22,10 @@ before, gluon-bwd-atomic-5263879.json) and about 0.9x on 256-4096 (before), but 
 2.1x at 64 on 64-1024-token documents (attention-45baae4.json, backward time derived from the
 forward and forward+backward records, before that change), so ``auto`` takes it at both head dims
 under the forward's rule on the stated ``max_seqlen_q``.
+With softcap the Gluon forward ran at 0.97x tl at head dim 128 and 0.67x at 64 (softcap 50, 32k of
+512-8192, H100, attention-softcap-71672bc-h100.json; 0.97x / 0.68x in attention-variants-9fe89b8-h100.json),
+so ``auto`` keeps softcap forwards on tl; the Gluon backward with softcap is ``auto``'s under the rule above
+(forward+backward, Gluon both ways: 1.14x / 1.18x tl's).
 """
 
 from __future__ import annotations
@@ -51,7 +55,9 @@ AUTO_MIN_SEQLEN = 1024
 
 def auto_forward(call: ForwardCall) -> bool:
     """A stated ``max_seqlen_q`` above :data:`AUTO_FORWARD_MIN_SEQLEN` of the call's head dim, the
-    same for ``q`` and ``v`` (module docstring)."""
+    same for ``q`` and ``v``, and no softcap (module docstring)."""
+    if call.options.softcap > 0.0:
+        return False
     longest = call.layout.max_seqlen_q
     head_dim = call.q.shape[2]
     threshold = AUTO_FORWARD_MIN_SEQLEN.get(head_dim) if call.v.shape[2] == head_dim else None
