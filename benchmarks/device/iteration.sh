@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU iteration of the attention work, in one device call right after `fa4-wheels.sh stage`
-# (see ../shared/tools/fa4-wheels.sh): FA4 install, the attention benchmark with both thd families,
+# (see ../shared/tools/fa4-wheels.sh): FA4 install, the attention benchmark with thd as users get it (auto) and both families,
 # FA4, cuDNN and varlen_attn, host time per eager call against varlen_attn and FA4, the attention/ring/Gluon GPU tests under THD_KERNELS=prefer-gluon, and
 # the Gluon kernels' bounds tests under compute-sanitizer memcheck. Each step is cut at a time
 # budget (seconds from the start) so the whole fits one 600-second call.
@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
 echo "== bench $(date +%T)"
 PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 330)" python3 benchmarks/bench_attention.py \
-  --out "$OUT/attention-$SHA.json" --commit "$SHA" --providers thd-tl thd-gluon fa4 cudnn varlen_attn \
+  --out "$OUT/attention-$SHA.json" --commit "$SHA" --providers thd thd-tl thd-gluon fa4 cudnn varlen_attn \
   --budget-s 240 --rep-ms 60 --trials 3 2>&1 | tail -4
 PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT/attention-$SHA.json" 2>&1 | head -40
 echo "== host time per eager call (bench_host.py: thd, varlen_attn, FA4) $(date +%T)"

@@ -1,15 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s).
-# Fifteenth session (2026-12-07, H100): the persistent dK/dV programs' tests and timings ran (calls
-# 10 and 12, then tile sweeps by hand: gluon-bwd-persistent-*-h100.json) and went into the head-dim-64
-# tile for short documents; the tensor-core row sums ran their A/B (1.02x) but missed the lse
-# tolerance (gluon-fwd-rowsum-ab-17a7487-h100.json) and left main with their calls (7, 9, trees);
-# every GPU test under prefer-gluon completed in one call (gpu-suite-prefer-gluon-17a7487-h100.json).
-# Still to run: call 13 (new: the persistent backward taking its items from a global ticket,
-# backward.DYNAMIC_ORDER, compiled on the CPU only: its GPU tests, then its timing against the
-# per-tile and static persistent programs), call 5 (after fa4-wheels.sh's stage call), call 6, and
-# the goal table (`SHA=<commit> bash benchmarks/device/iteration.sh`, carry .fa4/b, after the
-# stage call).
+# Sixteenth session (2026-12-07, H100): calls 13 (the dynamic order: tests passed, no default
+# gained), 5 (variants), 8 (the whole tests/ tree: cut at 540 s, so it now runs tests/ops and
+# tests/cp only and call 15 the rest) and 14 (the Gluon backward's softcap: tests passed, timed)
+# ran, and the goal table (iteration.sh). Still to run: call 8 and call 15 on today's main (the
+# softcap backward now runs under prefer-gluon in the attention and ring files), call 6.
 # Call 1: the family GPU tests, the Gluon forward's wait profile on the merged order and staged
 #   output, then the prefer-gluon attention files.
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
@@ -23,10 +18,15 @@
 #   iteration's variants step lacks.
 # Call 6: issue 22's ring goal on one GPU: the ring (rank 0 of cp = 2 alone, exchanges idle) against
 #   the single call, real launches, three alternating rounds (about four minutes).
-# Call 8: every GPU test under prefer-gluon, twelve pytest workers (xdist: the compiles run in
+# Call 8: the GPU tests of tests/ops and tests/cp under prefer-gluon, twelve pytest workers (xdist: the compiles run in
 #   parallel and share the Triton cache on disk; pytest-benchmark off, its xdist warning is an error
 #   under our filterwarnings); SIGINT at the limit, so pytest still prints its summary. FA4 tests
-#   skip without the wheels.
+#   skip without the wheels. 280 s on an H100 (fifteenth session); the whole tests/ tree did not fit
+#   540 s (sixteenth).
+# Call 14 (carry [".fa4/b"], after the stage call): the Gluon backward's softcap tests, then
+#   forward and forward+backward with softcap 50 against tl and FA4, and with one-partition tiles.
+# Call 15: the GPU tests outside tests/ops and tests/cp (integrations, layout, release, CI tools)
+#   under prefer-gluon, as call 8.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
@@ -34,12 +34,13 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
   local budget=$1; shift
   PYTHONPATH=src:. timeout "$budget" python3 -m pytest -q -m gpu -p no:cacheprovider --timeout 300 -rf "$@" 2>&1 | tail -8
 }
-prefer_gluon_suite() {  # $1: seconds; SIGINT at the limit, so pytest still prints its summary
-  THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout -s INT -k 20 "$1" python3 -m pytest -q -m gpu -n 12 \
-    -p no:cacheprovider -p no:benchmark --timeout 400 -rfE tests -k "not autotuned" 2>&1 | tail -25
+prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so pytest still prints its summary
+  local budget=$1; shift
+  THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout -s INT -k 20 "$budget" python3 -m pytest -q -m gpu -n 12 \
+    -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -81,7 +82,10 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14}" in
   done
   ;;
 8)
-  prefer_gluon_suite 540
+  prefer_gluon_suite 540 tests/ops tests/cp
+  ;;
+15)
+  prefer_gluon_suite 540 tests --ignore=tests/ops --ignore=tests/cp
   ;;
 13)  # CALL_BUDGET_S (default 560): the dynamic persistent dK/dV programs' tests, then their timing
   started=$(date +%s)

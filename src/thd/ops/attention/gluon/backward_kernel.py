@@ -17,7 +17,8 @@ are built on the device per sequence with ``real length`` rows (``[L, heads * D]
 so rows past a sequence's end arrive as zeros and padding is never read. The consumer warps hold
 dK and dV in fp32 registers and per query tile compute ``S^T = K Q^T``,
 ``P^T = exp2(S^T * scale * log2 e - lse)``, ``dV += P^T dO``, ``dP^T = V dO^T``,
-``dS^T = P^T (dP^T - delta) * scale``, ``dK += dS^T Q``
+``dS^T = P^T (dP^T - delta) * scale``, ``dK += dS^T Q`` (with ``SOFTCAP``: scores
+``softcap * tanh(S^T * scale / softcap)`` and ``dS^T`` times ``1 - tanh^2``)
 with async wgmma, and (``DQ_ATOMIC``) add ``dQ = dS K`` to an fp32 buffer: with two consumer
 partitions (FA3's way) both partitions' ``dS^T`` meet in shared memory, each computes half of dQ's
 columns over the whole key tile and adds it by one TMA reduce-add; with one, by per-element atomics.
@@ -717,10 +718,9 @@ def _dkdv_persistent_kernel(
     stride_dvh, stride_dqt, stride_dqh, stride_lse_h, sm_scale, softcap, window_left, window_right,
     num_seqs, num_kv_heads, head_section, serpentine, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
     HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, SOFTCAP: gl.constexpr,
-    ACCUMULATE: gl.constexpr,
-    DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-    NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, SLOTS: gl.constexpr, DYNAMIC: gl.constexpr,
+    ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SLOTS: gl.constexpr, DYNAMIC: gl.constexpr,
 ):  # fmt: skip
     """``_dkdv_kernel``'s work on ``G`` persistent programs: each takes every ``G``-th item of the
     key tiles' work list (``count_ptr[0]`` tiles times the kv heads, :func:`_dkdv_work_item`) or,
