@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import (
@@ -148,6 +150,8 @@ def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[d
             tile=tile.name,
             max_abs_diff_vs_tl=diff,
         )
+        if args.sequence_major:
+            _time_sequence_major(p, varlen, options, out, tile, timed)
     if args.fa4:
         try:
             fa4 = fa4_provider(p)
@@ -165,6 +169,27 @@ def measure(head_dim: int, spec: LayoutSpec, args: argparse.Namespace) -> list[d
         else:
             timed("fa4", lambda: fa4.call(p.q, p.k, p.v))
     return records
+
+
+def _time_sequence_major(p, varlen, options, out, tile, timed) -> None:  # type: ignore[no-untyped-def]
+    """The same tile over the work list in sequence-major order (``forward.SEQUENCE_MAJOR``),
+    timed as ``gluon-sequence-major`` if its output is ``out`` bit for bit (the order moves work
+    between programs, not the arithmetic)."""
+    gluon_forward.SEQUENCE_MAJOR = True
+    gluon_forward.PLANS.clear()
+    try:
+        again = gluon_forward.forward(ForwardCall(p.q, p.k, p.v, varlen, options))[0]
+        if torch.equal(again, out):
+            timed(
+                "gluon-sequence-major",
+                lambda: gluon_forward.forward(ForwardCall(p.q, p.k, p.v, varlen, options)),
+                tile=tile.name,
+            )
+        else:
+            print(f"{p.spec.text} {tile.name}: sequence-major output differs, not timed", flush=True)
+    finally:
+        gluon_forward.SEQUENCE_MAJOR = None
+        gluon_forward.PLANS.clear()
 
 
 def _ratios(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -218,6 +243,10 @@ def main() -> int:
             f"--tiles{dim}", nargs="*", type=_tile, default=None, help=f"Gluon tiles for head dim {dim}"
         )
     parser.add_argument("--fa4", action="store_true", help="time FlashAttention-4 as well")
+    parser.add_argument(
+        "--sequence-major", action="store_true",
+        help="also time each tile over the work list in sequence-major order (forward.SEQUENCE_MAJOR)",
+    )  # fmt: skip
     parser.add_argument("--rep-ms", type=float, default=200.0)
     args = parser.parse_args()
     rows = [(int(r.split(",")[0]), r.split(",")[1]) for r in args.rows] if args.rows else list(ROWS)

@@ -27,6 +27,10 @@
 #   forward and forward+backward with softcap 50 against tl and FA4, and with one-partition tiles.
 # Call 15: the GPU tests outside tests/ops and tests/cp (integrations, layout, release, CI tools)
 #   under prefer-gluon, as call 8.
+# Call 16: the forward's sequence-major work list (forward.SEQUENCE_MAJOR, compiled and tested on
+#   the CPU only): its GPU tests, then the default tiles timed over both list orders in one
+#   process, two rounds, on the 64k rows (two 25k-40k documents, where the Gluon forward at head dim
+#   128 trails FA4 most and moved 535-614 TFLOP/s between runs) and on shorter documents.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
@@ -40,7 +44,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -86,6 +90,17 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15}" in
   ;;
 15)
   prefer_gluon_suite 540 tests --ignore=tests/ops --ignore=tests/cp
+  ;;
+16)
+  echo "== work-order tests (sequence-major included) $(date +%T)"
+  PYTHONPATH=src:. timeout -s INT -k 10 150 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+    --timeout 140 -rfE tests/ops/gluon/test_forward_gpu.py -k "work_orders" 2>&1 | tail -4
+  for round in 1 2; do
+    echo "== forward, longest-first against sequence-major lists, round $round $(date +%T)"
+    PYTHONPATH=src:. timeout 170 python3 benchmarks/bench_gluon.py --sequence-major --rep-ms 40 \
+      --rows 128,65536:25000-40000 128,32768:512-8192 64,65536:25000-40000 128,16384:256-4096 \
+      --out "$OUT/gluon-fwd-sequence-major-r$round.json" 2>&1 | grep -E "TFLOP|WRONG|differs"
+  done
   ;;
 13)  # CALL_BUDGET_S (default 560): the dynamic persistent dK/dV programs' tests, then their timing
   started=$(date +%s)

@@ -384,15 +384,16 @@ def test_offsets_written_in_place_get_a_new_work_list() -> None:
 
 
 @pytest.mark.parametrize("programs", [None, 7], ids=["all-sms", "7-programs"])
-@pytest.mark.parametrize("order", ["static", "serpentine", "dynamic"])
+@pytest.mark.parametrize("order", ["static", "serpentine", "dynamic", "dynamic-sequence-major"])
 @pytest.mark.parametrize(("section", "heads_q", "heads_kv"), [(1, 4, 2), (2, 6, 3), (3, 6, 2), (4, 12, 4)])
 def test_work_orders_change_the_order_not_the_result(
     section: int, heads_q: int, heads_kv: int, order: str, programs: int | None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """Work lists in sections of fewer heads (``HEAD_SECTION``), taken in static rounds, serpentine
-    rounds or dynamically from a ticket, by every SM's program or by 7 (many rounds, a partial last
-    one), cover every (query tile, head) once: the output matches the reference and, bit for bit,
+    rounds or dynamically from a ticket (also over the list in sequence-major order,
+    ``SEQUENCE_MAJOR``), by every SM's program or by 7 (many rounds, a partial last one), cover
+    every (query tile, head) once: the output matches the reference and, bit for bit,
     the plain order's (every head in one section, static rounds); calls again on the same
     (cached) work list give the same bits, so the ticket was left at zero."""
     _skip_unless_sm90()
@@ -401,11 +402,13 @@ def test_work_orders_change_the_order_not_the_result(
     monkeypatch.setattr(gluon_forward, "HEAD_SECTION", 0)  # the plain order: every G-th item
     monkeypatch.setattr(gluon_forward, "SERPENTINE", False)
     monkeypatch.setattr(gluon_forward, "DYNAMIC_ORDER", False)
+    monkeypatch.setattr(gluon_forward, "SEQUENCE_MAJOR", False)
     gluon_forward.PLANS.clear()
     q, k, v, varlen, out, lse = _run(layout, heads_q, heads_kv, 128, 128, BF16, options)
     monkeypatch.setattr(gluon_forward, "HEAD_SECTION", section)
     monkeypatch.setattr(gluon_forward, "SERPENTINE", order == "serpentine")
-    monkeypatch.setattr(gluon_forward, "DYNAMIC_ORDER", order == "dynamic")
+    monkeypatch.setattr(gluon_forward, "DYNAMIC_ORDER", order.startswith("dynamic"))
+    monkeypatch.setattr(gluon_forward, "SEQUENCE_MAJOR", order.endswith("sequence-major"))
     if programs is not None:
         monkeypatch.setattr(gluon_forward, "num_sms", lambda index: programs)
     gluon_forward.PLANS.clear()

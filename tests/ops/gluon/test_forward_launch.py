@@ -260,6 +260,32 @@ def test_work_list_is_built_once_for_the_same_unchanged_offsets(
     assert work_lists.work_list_counts["hits"] >= 1
 
 
+def test_sequence_major_lists_are_their_own_list(
+    recorded: _Recorder, builds: _CountingBuilds, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SEQUENCE_MAJOR``: the kernel reads the list sequence by sequence (oracle: the lengths in
+    128-row tiles), built apart from the longest-first list of the same offsets, each then reused."""
+    q, k, v, cu = _batch(0, (300, 130))
+    call = ForwardCall(q, k, v, VarlenLayout(cu, cu), AttentionOptions(0.1, causal=True))
+
+    def items() -> list[tuple[int, int]]:
+        seq, blk, count = _work_list_of(recorded)
+        return list(zip(seq[: int(count[0])].tolist(), blk[: int(count[0])].tolist(), strict=True))
+
+    gluon_forward.forward(call)
+    assert items() == [(0, 2), (0, 1), (1, 1), (0, 0), (1, 0)]  # 3 and 2 tiles, longest first
+    monkeypatch.setattr(gluon_forward, "SEQUENCE_MAJOR", True)
+    gluon_forward.PLANS.clear()
+    gluon_forward.forward(call)
+    assert items() == [(0, 2), (0, 1), (0, 0), (1, 1), (1, 0)]
+    gluon_forward.forward(call)
+    assert builds.launches == 2
+    monkeypatch.setattr(gluon_forward, "SEQUENCE_MAJOR", None)
+    gluon_forward.PLANS.clear()
+    gluon_forward.forward(call)
+    assert builds.launches == 2 and items()[2] == (1, 1)  # the first list, from the cache
+
+
 def test_work_list_is_built_every_time_under_capture_and_for_inference_tensors(
     recorded: _Recorder, builds: _CountingBuilds, monkeypatch: pytest.MonkeyPatch
 ) -> None:

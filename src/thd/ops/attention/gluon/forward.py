@@ -68,6 +68,7 @@ class GluonTile(WarpSpecializedTile):
     head_section: int = 0
     dynamic: bool = False
     serpentine: bool = False
+    sequence_major: bool = False  # the list's order (:data:`SEQUENCE_MAJOR`)
 
     @property
     def name(self) -> str:
@@ -195,10 +196,11 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
     tile_m = tile.block_m // pack  # positions per work item
     # the work list's capacity bounds the query tiles of any valid layout: rows / tile_m + sequences
     capacity = num_rows // tile_m + num_seqs + 1
+    sequence_major = tile.sequence_major if SEQUENCE_MAJOR is None else SEQUENCE_MAJOR
     work_list = PlannedLaunch(
         (num_seqs,),
         (num_seqs, num_rows, capacity),
-        {"BLOCK_M": tile_m, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
+        {"BLOCK_M": tile_m, "BLOCK_B": 64, "BLOCK_T": 32, "SEQUENCE_MAJOR": sequence_major, "num_warps": 4},
     )
     grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, capacity * (num_heads // pack)),)
     dynamic, serpentine = work_order(tile)
@@ -307,6 +309,13 @@ across programs however long their items take. ``None``: the tile's ``dynamic``.
 
 SERPENTINE: bool | None = None
 """Whether every other full round of the static order is taken in reverse. ``None``: the tile's."""
+
+SEQUENCE_MAJOR: bool | None = None
+"""Whether the work list holds one sequence's query tiles after another (each from the longest
+down) instead of every sequence's longest tiles first (``schedule.build_work_list``): the
+programs running at once then read one long document's keys, not two or three documents' (an
+experiment for the 64k row of two 25k-40k documents, not yet run on a GPU). ``None``: the tile's
+``sequence_major``."""
 
 WAIT_PROFILE: Tensor | None = None
 """An int64 buffer of ``(consumers + 1) x 16`` cycle counters: while set, every forward launch adds

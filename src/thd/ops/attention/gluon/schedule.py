@@ -7,6 +7,11 @@ so this is longest first), sequences in order within one tile index. Item ``(b, 
 program per sequence, so the list costs one small launch. Lengths are clamped as the attention
 kernels clamp them (``geometry.span``) and nothing is written past ``capacity``. ``count[1]`` and
 ``count[2]`` are zeroed: the forward's dynamic order counts its tickets and finished programs there.
+
+``SEQUENCE_MAJOR`` orders the list by sequence instead, each sequence's tiles from the highest
+index down: item ``(b, m)`` lands at ``#{tiles of sequences before b} + (tiles of b) - 1 - m``. The
+programs running at once then read one sequence's keys instead of every long sequence's (an
+experiment for long documents, whose keys per head outgrow L2 when several are read together).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ def build_work_list(
     BLOCK_M: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    SEQUENCE_MAJOR: tl.constexpr = False,
 ):
     b = tl.program_id(0)
     me = b + tl.zeros([1], tl.int32)
@@ -52,10 +58,16 @@ def build_work_list(
         for c0 in range(0, num_seqs, BLOCK_B):
             others = c0 + offs_b
             n = _num_tiles(cu_ptr, cup_ptr, others, others < num_seqs, num_rows, BLOCK_M)
-            above = tl.maximum(n[None, :] - 1 - tiles[:, None], 0)
-            higher += tl.sum(above.to(tl.int64), 1)
-            earlier = (n[None, :] > tiles[:, None]) & (others[None, :] < b)
-            before += tl.sum(earlier.to(tl.int64), 1)
+            if SEQUENCE_MAJOR:  # every tile of the sequences before b, then b's from the top down
+                earlier = tl.where(others < b, n, 0)
+                before += tl.sum(earlier.to(tl.int64), 0) + tl.zeros([BLOCK_T], tl.int64)
+            else:
+                above = tl.maximum(n[None, :] - 1 - tiles[:, None], 0)
+                higher += tl.sum(above.to(tl.int64), 1)
+                earlier = (n[None, :] > tiles[:, None]) & (others[None, :] < b)
+                before += tl.sum(earlier.to(tl.int64), 1)
+        if SEQUENCE_MAJOR:
+            higher = (own - 1 - tiles).to(tl.int64)
         pos = higher + before
         ok = (tiles < own) & (pos < capacity)
         tl.store(seq_ptr + pos, b + tl.zeros([BLOCK_T], tl.int32), mask=ok)

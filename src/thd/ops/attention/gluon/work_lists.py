@@ -63,7 +63,7 @@ def _stream(t: Tensor) -> int:
 
 def work_list_for(cu: Tensor, slots: Tensor, sizes: tuple, build: Callable[[], WorkList]) -> WorkList:
     """``build()``, or the list an earlier call with the same, unchanged ``cu`` and ``slots`` tensors
-    and equal ``sizes`` (the plan's rows, sequences, capacity and tile) built on the same stream
+    and equal ``sizes`` (the plan's rows, sequences, capacity, tile and order) built on the same stream
     (module docstring)."""
     return _LISTS.get_or_build((cu, slots), (_stream(cu), sizes), build, capturing=is_capturing())
 
@@ -84,7 +84,8 @@ def planned_work_list(
         launch.run(build_work_list, (cu, slots, seq, blk, count), reused)
         return seq, blk, count
 
-    return work_list_for(cu, slots, (*launch.tail, launch.keywords["BLOCK_M"]), build)
+    order = bool(launch.keywords.get("SEQUENCE_MAJOR", False))
+    return work_list_for(cu, slots, (*launch.tail, launch.keywords["BLOCK_M"], order), build)
 
 
 def clear_work_lists() -> None:
