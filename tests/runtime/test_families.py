@@ -168,6 +168,30 @@ def test_forced_family_runs_or_raises(registry: FamilyRegistry, monkeypatch: pyt
         _run(backward=False)
 
 
+def test_auto_asks_the_speed_rule_before_the_support_check(registry: FamilyRegistry) -> None:
+    """A call the rule declines never reaches ``supports_*`` (tensor metadata reads: host time); a
+    call it prefers still needs the family's support."""
+    asked: list[str] = []
+
+    class Counting(FakeFamily):
+        def supports_forward(self, call: ForwardCall) -> bool:
+            asked.append("forward")
+            return super().supports_forward(call)
+
+        def supports_backward(self, call: BackwardCall) -> bool:
+            asked.append("backward")
+            return super().supports_backward(call)
+
+    registry.register("gluon", Counting(prefers=False))
+    _run()
+    assert asked == []
+    registry.register("gluon", Counting(backward_ok=False, prefers=True))
+    _run()
+    assert asked == ["forward", "backward"]
+    choice = kernel_choice("backward")
+    assert choice is not None and (choice.family, choice.reason) == ("tl", "gluon does not support the call")
+
+
 @pytest.mark.parametrize("prefers", [False, None])
 def test_prefer_gluon_runs_gluon_wherever_it_supports_the_phase(
     registry: FamilyRegistry, monkeypatch: pytest.MonkeyPatch, prefers: bool | None

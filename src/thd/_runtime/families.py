@@ -16,8 +16,10 @@ Choice, per call (settings from :mod:`thd._runtime.config`):
 3. ``THD_KERNELS=prefer-<name>``: that family wherever it is available and supports the call,
    else the default family (no speed rule: every call a family can run runs on it).
 4. ``THD_KERNELS=auto`` (default): the first optional family whose ``auto`` predicate holds for the
-   call (e.g. an sm_90 device), that is available, supports the call and prefers it (its optional
-   ``auto_forward(call)`` / ``auto_backward(call)``: where it measured faster); else the default family.
+   call (e.g. an sm_90 device), that is available, prefers the call (its optional
+   ``auto_forward(call)`` / ``auto_backward(call)``: where it measured faster) and supports it; else
+   the default family. The preference is asked first: it reads host values only, while
+   ``supports_*`` reads tensor metadata, so a call the rule declines (short documents) skips that.
 
 :meth:`FamilyRegistry.last` tells which family ran the last call of each phase, and why.
 """
@@ -165,14 +167,15 @@ class FamilyRegistry:
             if family is None:
                 reason = f"{name} unavailable"
                 continue
+            prefers = getattr(family, f"auto_{phase}", None)
+            if prefers is not None and not prefers(call):
+                reason = f"{name} measured slower for the call"
+                continue
             if not getattr(family, f"supports_{phase}")(call):
                 reason = f"{name} does not support the call"
                 continue
-            prefers = getattr(family, f"auto_{phase}", None)
-            if prefers is None or prefers(call):
-                self._last[phase] = Choice(name, "auto")
-                return family
-            reason = f"{name} measured slower for the call"
+            self._last[phase] = Choice(name, "auto")
+            return family
         default = self._default()
         choice = self._last.get(phase)
         if choice is None or choice.family != self.default_name or choice.reason != reason:
