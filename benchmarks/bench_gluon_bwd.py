@@ -80,15 +80,16 @@ PROVIDERS: dict[str, tuple[bool | None, dict] | None] = {
 
 
 def _tile(text: str) -> gluon_backward.GluonTile:
-    """``BMxBNsSTAGEScCONSUMERS[rREGS][p[hSECTION][d]]`` (e.g. ``64x128s2c2``, ``64x128s3c2r232``,
-    ``128x128s2c2p``, ``128x128s2c2ph1d``; ``p``: the dK/dV kernel's persistent programs,
+    """``BMxBNsSTAGEScCONSUMERS[rREGS][q][p[hSECTION][d]]`` (e.g. ``64x128s2c2``, ``64x128s3c2r232``,
+    ``128x128s2c2q``, ``128x128s2c2p``, ``128x128s2c2ph1d``; ``q``: dQ split by query rows between
+    the two partitions (``GluonTile.dq_rows``); ``p``: the dK/dV kernel's persistent programs,
     ``hSECTION`` their heads per section of the work list, ``h0`` all heads, absent the tile's
     default; ``d`` their items from a global ticket): a tile either kernel can be specialized for
     (which of them compiles, and in how much shared memory, the run says)."""
-    m = re.fullmatch(r"(\d+)x(\d+)s(\d+)c(\d+)(?:r(\d+))?(p?)(?:h(\d+))?(d?)", text)
+    m = re.fullmatch(r"(\d+)x(\d+)s(\d+)c(\d+)(?:r(\d+))?(q?)(p?)(?:h(\d+))?(d?)", text)
     if m is None:
         raise argparse.ArgumentTypeError(
-            f"expected BMxBNsSTAGEScCONSUMERS[rREGS][p[hSECTION][d]], e.g. 64x128s2c2, got {text!r}"
+            f"expected BMxBNsSTAGEScCONSUMERS[rREGS][q][p[hSECTION][d]], e.g. 64x128s2c2, got {text!r}"
         )
     bm, bn, stages, consumers = (int(g) for g in m.groups()[:4])
     regs = int(m[5]) if m[5] else None
@@ -103,8 +104,10 @@ def _tile(text: str) -> gluon_backward.GluonTile:
         problems.append("rREGS is for two consumer partitions only")
     if regs is not None and (not 24 <= regs <= 256 or regs % 8):
         problems.append("REGS is a multiple of 8 in [24, 256]")
-    if (m[7] or m[8]) and not m[6]:
+    if (m[8] or m[9]) and not m[7]:
         problems.append("hSECTION and d are for persistent programs (p) only")
+    if m[6] and (consumers != 2 or bm < 128):
+        problems.append("q is for two consumer partitions of 128-query tiles only")
     if problems:
         raise argparse.ArgumentTypeError(f"{text!r}: " + "; ".join(problems))
     return gluon_backward.GluonTile(
@@ -113,9 +116,10 @@ def _tile(text: str) -> gluon_backward.GluonTile:
         consumers=consumers,
         num_stages=stages,
         consumer_regs=regs or 240,
-        persistent=m[6] == "p",
-        **({"head_section": int(m[7])} if m[7] else {}),
-        dynamic=m[8] == "d",
+        dq_rows=m[6] == "q",
+        persistent=m[7] == "p",
+        **({"head_section": int(m[8])} if m[8] else {}),
+        dynamic=m[9] == "d",
     )
 
 
@@ -127,7 +131,8 @@ def _spec(tile: gluon_backward.GluonTile) -> str:
         persistent += f"h{tile.head_section}"
     if tile.persistent and tile.dynamic:
         persistent += "d"
-    return f"{tile.block_m}x{tile.block_n}s{tile.num_stages}c{tile.consumers}{regs}{persistent}"
+    rows = "q" if tile.dq_rows else ""
+    return f"{tile.block_m}x{tile.block_n}s{tile.num_stages}c{tile.consumers}{regs}{rows}{persistent}"
 
 
 def _docs(text: str) -> tuple[int, int]:

@@ -31,6 +31,9 @@
 #   the CPU only): its GPU tests, then the default tiles timed over both list orders in one
 #   process, two rounds, on the 64k rows (two 25k-40k documents, where the Gluon forward at head dim
 #   128 trails FA4 most and moved 535-614 TFLOP/s between runs) and on shorter documents.
+# Call 17: the head-dim-64 dK/dV tile with dQ split by query rows (GluonTile.dq_rows, FA3's split,
+#   compiled and launch-tested on the CPU only): its GPU tests, then the backward alone against the
+#   default split by columns, per-tile and persistent, on three layouts.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 OUT=${OUT:-/tmp/pending}; mkdir -p "$OUT"
@@ -44,7 +47,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -140,6 +143,17 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16}" in
     --variant-names softcap --out "$OUT/attention-softcap-one-partition.json" --providers thd-gluon \
     --layouts 32768:512-8192 --modes fwd_bwd --budget-s 40 --rep-ms 30 --trials 3 2>&1 | tail -1
   PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT/attention-softcap-one-partition.json" 2>&1 | tail -6
+  ;;
+17)
+  echo "== dQ split by query rows, tests $(date +%T)"
+  PYTHONPATH=src:. timeout -s INT -k 10 150 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+    --timeout 140 -rfE tests/ops/gluon/test_backward_gpu.py -k "dq_split_by_query_rows" 2>&1 | tail -4
+  for layout in 32768:512-8192 16384:256-4096 16384:64-1024; do
+    echo "== backward alone, D64 $layout, dQ by columns / by rows $(date +%T)"
+    PYTHONPATH=src:benchmarks:. timeout 100 python3 benchmarks/bench_gluon_bwd.py --dims 64 --tokens "${layout%%:*}" \
+      --docs "${layout#*:}" --providers tl gluon --dkdv-tiles 128x128s2c2 128x128s2c2q 128x128s2c2p 128x128s2c2qp \
+      --rep-ms 40 --out "$OUT/gluon-bwd-dq-rows-${layout/:/-}.json" 2>&1 | grep -E '^D[0-9]'
+  done
   ;;
 esac
 echo "== done $(date +%T)"

@@ -38,6 +38,11 @@ def test_tile_specs_read_back(bench: types.ModuleType) -> None:
     assert ticket.persistent and ticket.dynamic and ticket.head_section == 1
     assert bench._spec(ticket) == "128x128s2c2ph1d"
     assert bench._spec(bench._tile("128x128s2c2pd")) == "128x128s2c2pd"
+    rows = bench._tile("128x128s2c2qph1")
+    assert rows.dq_rows and rows.persistent and rows.head_section == 1 and not tile.dq_rows
+    assert (
+        bench._spec(rows) == "128x128s2c2qph1" and bench._spec(bench._tile("128x128s2c2q")) == "128x128s2c2q"
+    )
     assert bench._docs("64-1024") == (64, 1024)
 
 
@@ -51,6 +56,8 @@ def test_tile_specs_read_back(bench: types.ModuleType) -> None:
         ["--dkdv-tiles", "64x128s0c2"],
         ["--dkdv-tiles", "64x128s2c2h4"],  # a head section without persistent programs
         ["--dkdv-tiles", "64x128s2c2d"],  # a ticket without persistent programs
+        ["--dkdv-tiles", "64x128s3c2q"],  # dQ by rows of 64-query tiles: 32-row wgmma
+        ["--dkdv-tiles", "128x128s2c1q"],  # dQ by rows without two partitions
         ["--dq-tiles", "128x64s2c1r232"],
         ["--dq-tiles", "128x64s2c2r250"],
         ["--docs", "8192-512"],

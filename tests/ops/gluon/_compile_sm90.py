@@ -120,7 +120,10 @@ _RING = {"NUM_STAGES": 2, "NUM_WARPS": 8, "NUM_CONSUMERS": 1, "CONSUMER_REGS": 2
 
 
 def _dkdv(head_dim: int, dtype: str = "bf16", persistent: bool = False, **flags: object) -> Config:
-    meta = {**_BACKWARD, "HEAD_DIM": head_dim, "DQ_ATOMIC": True, "BLOCK_M": 64, "BLOCK_N": 128, **_RING}
+    meta = {
+        **_BACKWARD, "HEAD_DIM": head_dim, "DQ_ATOMIC": True, "DQ_ROWS": False, "BLOCK_M": 64, "BLOCK_N": 128,
+        **_RING,
+    }  # fmt: skip
     if persistent:
         meta["SLOTS"] = True
         meta["DYNAMIC"] = False
@@ -218,6 +221,9 @@ CONFIGS: dict[str, Config] = {
         64, persistent=True, **_DKDV_2WG[64] | {"BLOCK_M": 64}, SOFTCAP=True, HAS_LEFT=True
     ),
     "dq-d128-2wg-softcap": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2, SOFTCAP=True),
+    # dQ split by query rows between the two partitions (GluonTile.dq_rows), FA3's at head dim 64
+    "dkdv-d64-2wg-dqrows": _dkdv(64, **_DKDV_2WG[64], DQ_ROWS=True),
+    "dkdv-d64-2wg-persistent-dqrows": _dkdv(64, persistent=True, **_DKDV_2WG[64], SLOTS=False, DQ_ROWS=True),
     "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
     "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
 }

@@ -33,6 +33,7 @@ CONFIGS = (
     "dkdv-d128-2wg-softcap",
     "dkdv-d64-2wg-persistent-softcap",
     "dq-d128-2wg-softcap",
+    "dkdv-d64-2wg-dqrows",
 )
 # Bytes ptxas (Triton 3.6) may spill, per configuration (none where not named). The dK/dV kernels
 # at head dim 128 spill a few loop scalars: 80 and 56 bytes (stores and loads) since each stage's
@@ -45,6 +46,7 @@ CONFIGS = (
 # loads per query tile than the per-tile programs.
 # Softcap: the tanh's values beside S^T and dP^T cost the head-dim-128 tile 856 bytes (one partition
 # of 8 warps: 292); at head dim 64 its 64-query tile (backward.tiles_for) spills 44 to 76 (128 queries: 2856).
+# dQ split by query rows (GluonTile.dq_rows) at head dim 64: 476 bytes against the default's 588.
 SPILL_LIMITS = {
     "dkdv-d128": 96,
     "dkdv-d128-2wg": 368,
@@ -55,6 +57,7 @@ SPILL_LIMITS = {
     "dkdv-d64-2wg-persistent-dynamic": 936,
     "dkdv-d128-2wg-softcap": 872,
     "dkdv-d64-2wg-persistent-softcap": 96,
+    "dkdv-d64-2wg-dqrows": 496,
 }
 
 
@@ -77,6 +80,9 @@ def _assert_fa3_structure(stats: dict[str, dict[str, object]]) -> None:
     # done count that zeroes it; the static order draws none
     assert stats["dkdv-d64-2wg-persistent-dynamic"]["ticket_add"] == 3
     assert stats["dkdv-d64-2wg-persistent"]["ticket_add"] == 0
+    # dQ by query rows: its product in wgmma of N = 64 (every column), half as many as with N = 32
+    dq_rows, dq_cols = stats["dkdv-d64-2wg-dqrows"]["wgmma"], stats["dkdv-d64-2wg"]["wgmma"]
+    assert dq_cols - dq_rows == 16, (dq_rows, dq_cols)  # type: ignore[operator]
     # the softcap's tanh: one more exp2 per score than the plain kernels (MUFU counted by ptxas)
     if "mufu_ex2" in stats["dq-d128-2wg"]:
         for plain, capped in (

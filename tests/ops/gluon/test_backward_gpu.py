@@ -14,6 +14,7 @@ running the dK/dV kernel (a program per key tile; persistent programs over a wor
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 import torch
@@ -312,6 +313,29 @@ def test_one_consumer_partition(layout_name, causal, window, dim, heads, atomic,
     again = gluon_backward.backward(backward_call(do, q, k, v, out, lse, varlen, options))
     for name, a, b in zip(GRADS, got[:3], again[:3], strict=True):
         assert atomic or torch.equal(a, b), f"{name} not reproducible"
+
+
+@pytest.mark.usefixtures("atomic_dq")
+@pytest.mark.parametrize(
+    ("layout_name", "causal", "window", "heads"),
+    [
+        ("packed", True, (-1, -1), (4, 4)),
+        ("padded", True, (-1, -1), (8, 2)),
+        ("cross", False, (-1, -1), (4, 1)),
+        ("padded", False, (37, 200), (4, 2)),
+    ],
+)
+def test_dq_split_by_query_rows(layout_name, causal, window, heads, monkeypatch) -> None:
+    """The head-dim-64 tile with ``dq_rows`` (each partition adds dQ of its half of the query rows
+    by TMA reduce-add, FA3's split): against the fp32 reference and tl, padding rows zero."""
+    tiles = dict(gluon_backward.TILES)
+    tiles[("dkdv", 64)] = replace(gluon_backward.TWO_CONSUMER_TILES[("dkdv", 64)], dq_rows=True)
+    monkeypatch.setattr(gluon_backward, "TILES", tiles)
+    layout = LAYOUTS[layout_name]
+    options = AttentionOptions(64**-0.5, causal=causal, window_size=window)
+    q, k, v, do, out, lse, varlen = _case(layout, heads, 64, torch.bfloat16, options)
+    got, tl_grads = _both(do, q, k, v, out, lse, varlen, options)
+    _check(layout, got, tl_grads, _reference_grads(q, k, v, do, layout, options))
 
 
 @pytest.mark.usefixtures("atomic_dq")

@@ -6,12 +6,14 @@ the launch a fresh plan makes for the same call."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import torch
 
 pytest.importorskip("triton.experimental.gluon")
 
+from thd.errors import ThdValueError
 from thd.ops.attention.gluon import backward as gluon_backward
 from thd.ops.attention.gluon import backward_kernel, work_lists
 from thd.ops.attention.params import AttentionOptions, BackwardCall, SavedForBackward, VarlenLayout
@@ -262,3 +264,30 @@ def test_softcap_takes_64_query_dkdv_tiles_at_head_dim_64(monkeypatch: pytest.Mo
     assert gluon_backward.tiles_for(128, softcap=True)[0] is table[("dkdv", 128)]
     monkeypatch.setattr(gluon_backward, "TILES", dict(gluon_backward.ONE_CONSUMER_TILES))
     assert gluon_backward.tiles_for(64, softcap=True)[0] is gluon_backward.ONE_CONSUMER_TILES[("dkdv", 64)]
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["split-dq", "atomic-dq"])
+def test_dq_rows_reach_the_dkdv_kernel_where_it_adds_dq(
+    calls: list, deterministic: bool, persistent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Oracle: the tile and the dQ path. A two-partition tile with ``dq_rows`` has the dK/dV kernel
+    split dQ by query rows where that kernel adds dQ (the atomic path), not where dQ has its own
+    kernel; the default tiles pass ``DQ_ROWS=False``."""
+    table = dict(gluon_backward.TWO_CONSUMER_TILES)
+    monkeypatch.setattr(gluon_backward, "TILES", table)
+    call = _call(0, (70, 130), deterministic=deterministic)
+    dkdv = "_dkdv_persistent_kernel" if persistent else "_dkdv_kernel"
+    (plain,) = [kwargs for name, _, kwargs, _ in _launches(calls, call) if name == dkdv]
+    assert plain["DQ_ROWS"] is False
+    table[("dkdv", 64)] = replace(table[("dkdv", 64)], dq_rows=True)
+    gluon_backward.PLANS.clear()
+    (rows,) = [kwargs for name, _, kwargs, _ in _launches(calls, call) if name == dkdv]
+    assert rows["DQ_ROWS"] is (not deterministic) and rows["BLOCK_M"] == 128
+
+
+def test_dq_rows_need_two_partitions_of_128_query_tiles() -> None:
+    tile = gluon_backward.GluonTile(128, 128, consumers=2, dq_rows=True)
+    assert tile.dq_rows
+    for block_m, consumers in ((64, 2), (128, 1)):
+        with pytest.raises(ThdValueError, match=rf"dq_rows: .*consumers={consumers}, block_m={block_m}"):
+            gluon_backward.GluonTile(block_m, 128, consumers=consumers, dq_rows=True)

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from thd._runtime.config import kernel_settings
 from thd._runtime.launcher import ensure_scratch_allocator
+from thd.errors import ThdValueError
 from thd.ops.attention.buffers import delta_buffer, gradient_buffers
 from thd.ops.attention.gluon import host
 from thd.ops.attention.gluon.host import HEAD_DIMS, PlannedLaunch, PlanTable, WarpSpecializedTile, device_sms
@@ -66,6 +67,17 @@ class GluonTile(WarpSpecializedTile):
     head_section: int = 4
     serpentine: bool = True
     dynamic: bool = False
+    # With two partitions and dQ added by the dK/dV kernel: each partition computes dQ of half the
+    # query rows over every column (FA3's split at head dim 64), not every row over half the
+    # columns; needs 128-query tiles (wgmma rows come in 64s). An experiment, off in every tile.
+    dq_rows: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dq_rows and (self.consumers != 2 or self.block_m < 128):
+            raise ThdValueError(
+                f"GluonTile dq_rows: needs consumers=2 and block_m >= 128, got consumers={self.consumers}, "
+                f"block_m={self.block_m}"
+            )
 
     @property
     def num_warps(self) -> int:
@@ -241,8 +253,14 @@ def _make_plan(
     if k.shape[0] > 0:
         tile = tiles[0]
         if atomic and tile.consumers > 1 and not _tma_readable(dq):  # no TMA reduce-add: per-element atomics
-            tile = replace(tile, consumers=1)
-        keywords = {**variant, "DQ_ATOMIC": atomic, **tile.constexprs(), "num_warps": tile.num_warps}
+            tile = replace(tile, consumers=1, dq_rows=False)
+        keywords = {
+            **variant,
+            "DQ_ATOMIC": atomic,
+            "DQ_ROWS": atomic and tile.consumers == 2 and tile.dq_rows,
+            **tile.constexprs(),
+            "num_warps": tile.num_warps,
+        }
         tail = (*sizes, *host.row_strides(dk, dv, dq), lse.stride(0), *window)
         if persistent(tile, max_kv) and num_seqs > 0:
             rows_k = k.shape[0]
@@ -298,7 +316,7 @@ def tiles_for(head_dim: int, softcap: bool) -> tuple[GluonTile, GluonTile]:
     64 spills 2856 bytes with 128, 44 with 64)."""
     dkdv = TILES[("dkdv", head_dim)]
     if softcap and dkdv.consumers == 2 and dkdv.block_m > 64:
-        dkdv = _SOFTCAP_DKDV_TILES.setdefault(dkdv, replace(dkdv, block_m=64))
+        dkdv = _SOFTCAP_DKDV_TILES.setdefault(dkdv, replace(dkdv, block_m=64, dq_rows=False))
     return dkdv, TILES[("dq", head_dim)]
 
 

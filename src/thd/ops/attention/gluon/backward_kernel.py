@@ -327,15 +327,18 @@ def _dkdv_persistent_producer(
 
 
 @gluon.jit
-def _dq_reduce_descriptor(dq_ptr, q_start, seqlen_q, kv_head, stride_dqt, GROUP: gl.constexpr, dq_smem):
-    """The TMA reduce-add descriptor of the fp32 dQ rows of one sequence (heads adjacent in a row,
-    ``[BLOCK_M, D / 2]`` tiles: a consumer partition's columns)."""
-    BLOCK_M: gl.constexpr = dq_smem.shape[1]
+def _dq_reduce_descriptor(
+    dq_ptr, q_start, seqlen_q, kv_head, stride_dqt, GROUP: gl.constexpr, dq_smem, HEAD_DIM: gl.constexpr
+):
+    """The TMA reduce-add descriptor of the fp32 dQ rows of one sequence (heads adjacent in a row)
+    in a consumer partition's tiles, ``dq_smem``'s: ``[BLOCK_M, D / 2]`` (its columns) or, with
+    ``DQ_ROWS``, ``[BLOCK_M / 2, D]`` (its query rows)."""
+    DQ_M: gl.constexpr = dq_smem.shape[1]
     DQ_COLS: gl.constexpr = dq_smem.shape[2]
-    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS], gl.float32)
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DQ_M, DQ_COLS], gl.float32)
     return row_descriptor(
-        dq_ptr + q_start.to(gl.int64) * stride_dqt, seqlen_q, (kv_head + 1) * GROUP * 2 * DQ_COLS,
-        stride_dqt, BLOCK_M, DQ_COLS, layout,
+        dq_ptr + q_start.to(gl.int64) * stride_dqt, seqlen_q, (kv_head + 1) * GROUP * HEAD_DIM,
+        stride_dqt, DQ_M, DQ_COLS, layout,
     )  # fmt: skip
 
 
@@ -344,6 +347,7 @@ def _dkdv_key_tile(
     dq_desc, tile, buffers, it, j,
     GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr,
     DQ_ATOMIC: gl.constexpr, NUM_CONSUMERS: gl.constexpr, WG: gl.constexpr, SOFTCAP: gl.constexpr,
+    DQ_ROWS: gl.constexpr,
 ):  # fmt: skip
     """dK and dV of key rows ``[n0 + WG * WG_ROWS, n0 + (WG + 1) * WG_ROWS)`` in registers over every
     visible query tile of the group's heads (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``), stored (or
@@ -352,8 +356,10 @@ def _dkdv_key_tile(
     per-element atomics. Two partitions (FA3's): each stores its rows of ``dS^T`` in shared memory,
     both wait for the whole ``dS`` (``ds_full``), each computes its half of dQ's columns over all the
     tile's keys and adds it with one TMA reduce-add by ``dq_desc`` from ``dq_smem`` (rows past the
-    sequence are dropped by the descriptor). ``SOFTCAP``: scores ``softcap * tanh(S * scale /
-    softcap)``, dS times ``1 - tanh^2``. Returns the ring's next stage count ``it``."""
+    sequence are dropped by the descriptor); with ``DQ_ROWS`` each computes dQ of its half of the
+    query rows over every column instead (FA3's split at head dim 64: wgmma of N = D, not D / 2).
+    ``SOFTCAP``: scores ``softcap * tanh(S * scale / softcap)``, dS times ``1 - tanh^2``. Returns
+    the ring's next stage count ``it``."""
     (
         n0, dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
         seqlen_k, d_lo, d_hi, kv_head, sm_scale, softcap,
@@ -381,9 +387,14 @@ def _dkdv_key_tile(
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, 16]
     )
-    DQ_COLS: gl.constexpr = HEAD_DIM // NUM_CONSUMERS  # dQ columns of this partition
+    if DQ_ROWS:  # dQ rows and columns of this partition
+        DQ_M: gl.constexpr = BLOCK_M // NUM_CONSUMERS
+        DQ_COLS: gl.constexpr = HEAD_DIM
+    else:
+        DQ_M: gl.constexpr = BLOCK_M
+        DQ_COLS: gl.constexpr = HEAD_DIM // NUM_CONSUMERS
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, HEAD_DIM // 2, 16]
+        version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, DQ_COLS // (NUM_WARPS // 4), 16]
     )
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     stat_layout: gl.constexpr = gl.SliceLayout(0, s_layout)  # a value per query (a column of S^T)
@@ -394,7 +405,8 @@ def _dkdv_key_tile(
     if DQ_ATOMIC:
         if NUM_CONSUMERS == 2:
             dq_tile = dq_smem.index(WG)
-            dq_cols = k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1)  # B of this partition's dQ columns
+            # B of this partition's dQ: every column (DQ_ROWS) or its columns
+            dq_cols = k_smem if DQ_ROWS else k_smem.slice(WG * DQ_COLS, DQ_COLS, dim=1)
         else:
             dq_cols = k_rows
     own0 = n0 + WG * WG_ROWS
@@ -442,10 +454,14 @@ def _dkdv_key_tile(
             if DQ_ATOMIC:
                 if NUM_CONSUMERS == 2:  # the other partition's rows of dS^T are in place too
                     mbarrier.wait(ds_full.index(it % 2), (it // 2) & 1)
+                if DQ_ROWS:  # A: this partition's query rows of dS
+                    ds_rows = ds_tile.slice(WG * DQ_M, DQ_M, dim=1).permute((1, 0))
+                else:
+                    ds_rows = ds_tile.permute((1, 0))
                 dq_tok = warpgroup_mma(
-                    ds_tile.permute((1, 0)),
+                    ds_rows,
                     dq_cols,
-                    gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout),
+                    gl.zeros([DQ_M, DQ_COLS], gl.float32, dq_layout),
                     use_acc=False,
                     is_async=True,
                 )
@@ -460,7 +476,10 @@ def _dkdv_key_tile(
                 dq_tile.store(dq)
                 fence_async_shared()
                 cta_barrier()
-                tma_reduce_add(dq_desc, [m0, head * HEAD_DIM + WG * DQ_COLS], dq_tile)
+                if DQ_ROWS:
+                    tma_reduce_add(dq_desc, [m0 + WG * DQ_M, head * HEAD_DIM], dq_tile)
+                else:
+                    tma_reduce_add(dq_desc, [m0, head * HEAD_DIM + WG * DQ_COLS], dq_tile)
             elif DQ_ATOMIC:  # through shared memory into rows of 4-wide atomics: few addresses live
                 dq = gl.convert_layout(dq, dq_add_layout)
                 dq_rows = gl.expand_dims(
@@ -500,6 +519,7 @@ def _dkdv_consumer(
     NUM_CONSUMERS: gl.constexpr,
     WG: gl.constexpr,
     SOFTCAP: gl.constexpr,
+    DQ_ROWS: gl.constexpr,
 ):
     """:func:`_dkdv_key_tile` over this program's key tiles of one sequence and kv head."""
     (
@@ -513,7 +533,9 @@ def _dkdv_consumer(
         lse_smem, delta_smem,
     )  # fmt: skip
     if DQ_ATOMIC and NUM_CONSUMERS == 2:  # dQ rows of this sequence, heads adjacent in a row, fp32
-        dq_desc = _dq_reduce_descriptor(dq_ptr, q_start, seqlen_q, kv_head, stride_dqt, GROUP, dq_smem)
+        dq_desc = _dq_reduce_descriptor(
+            dq_ptr, q_start, seqlen_q, kv_head, stride_dqt, GROUP, dq_smem, k_smem.shape[1]
+        )
     else:
         dq_desc = dq_ptr  # unused
     it = 0
@@ -525,7 +547,7 @@ def _dkdv_consumer(
         )  # fmt: skip
         it = _dkdv_key_tile(
             dq_desc, tile, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC,
-            NUM_CONSUMERS, WG, SOFTCAP,
+            NUM_CONSUMERS, WG, SOFTCAP, DQ_ROWS,
         )  # fmt: skip
         j += 1  # noqa: SIM113 -- no enumerate in a kernel
     if DQ_ATOMIC and NUM_CONSUMERS == 2:
@@ -546,6 +568,7 @@ def _dkdv_persistent_consumer(
     WG: gl.constexpr,
     DYNAMIC: gl.constexpr,
     SOFTCAP: gl.constexpr,
+    DQ_ROWS: gl.constexpr,
 ):
     """:func:`_dkdv_key_tile` over a persistent program's work items (:func:`_dkdv_work_item`),
     every ``G``-th of the list or, with ``DYNAMIC``, those its producer publishes, as its producer
@@ -573,7 +596,9 @@ def _dkdv_persistent_consumer(
         if DQ_ATOMIC and NUM_CONSUMERS == 2:
             tma_store_wait(0)  # the previous item's reductions have read its descriptor
             cta_barrier()
-            dq_desc = _dq_reduce_descriptor(dq_ptr, q_start, seqlen_q, kv_head, stride_dqt, GROUP, dq_smem)
+            dq_desc = _dq_reduce_descriptor(
+                dq_ptr, q_start, seqlen_q, kv_head, stride_dqt, GROUP, dq_smem, k_smem.shape[1]
+            )
         else:
             dq_desc = dq_ptr  # unused
         tile = (
@@ -582,7 +607,7 @@ def _dkdv_persistent_consumer(
         )  # fmt: skip
         it = _dkdv_key_tile(
             dq_desc, tile, buffers, it, j, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC,
-            NUM_CONSUMERS, WG, SOFTCAP,
+            NUM_CONSUMERS, WG, SOFTCAP, DQ_ROWS,
         )  # fmt: skip
         j += 1
         w = work_order.take_item(items, item_bars, j) if DYNAMIC else w + gl.num_programs(0)
@@ -595,7 +620,7 @@ def _dkdv_persistent_consumer(
 @gluon.jit
 def _dkdv_buffers(
     dtype: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+    NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_ROWS: gl.constexpr,
 ):  # fmt: skip
     """The dK/dV kernels' shared memory and mbarriers, initialised: ``(k, v, q, do, ds, dq, ds_full,
     kv_ready, kv_empty, ready, empty, lse, delta)`` (``ds``, ``dq`` and ``ds_full`` stand in, unused,
@@ -614,10 +639,15 @@ def _dkdv_buffers(
     stat_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], stat_smem)
     delta_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, BLOCK_M], stat_smem)
-    if DQ_ATOMIC and NUM_CONSUMERS == 2:  # each partition's dQ columns, the source of its TMA reduce-add
-        DQ_COLS: gl.constexpr = HEAD_DIM // 2
-        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_COLS], gl.float32)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_layout)
+    if DQ_ATOMIC and NUM_CONSUMERS == 2:  # each partition's dQ tile, the source of its TMA reduce-add
+        if DQ_ROWS:  # half the query rows, every column
+            DQ_M: gl.constexpr = BLOCK_M // 2
+            DQ_COLS: gl.constexpr = HEAD_DIM
+        else:  # every query row, half the columns
+            DQ_M: gl.constexpr = BLOCK_M
+            DQ_COLS: gl.constexpr = HEAD_DIM // 2
+        dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DQ_M, DQ_COLS], gl.float32)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_M, DQ_COLS], dq_layout)
         ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(ds_full.index(i), count=2)
@@ -640,7 +670,7 @@ def _dkdv_kernel(
     HEAD_DIM: gl.constexpr, HAS_POSITIONS: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr,
     SOFTCAP: gl.constexpr, ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, DQ_ROWS: gl.constexpr,
 ):  # fmt: skip
     kv_head = gl.program_id(1)
     b = gl.program_id(2)
@@ -668,7 +698,7 @@ def _dkdv_kernel(
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
         lse_smem, delta_smem,
     ) = _dkdv_buffers(
-        q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_CONSUMERS, DQ_ATOMIC
+        q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_CONSUMERS, DQ_ATOMIC, DQ_ROWS
     )  # fmt: skip
     dk_base = dk_head + k_start.to(gl.int64) * stride_dkt
     dv_base = dv_head + k_start.to(gl.int64) * stride_dvt
@@ -690,7 +720,7 @@ def _dkdv_kernel(
         gl.warp_specialize(
             [
                 (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 1, 0,
-                                  SOFTCAP)),
+                                  SOFTCAP, DQ_ROWS)),
                 (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [1],
@@ -700,9 +730,9 @@ def _dkdv_kernel(
         gl.warp_specialize(
             [
                 (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 0,
-                                  SOFTCAP)),
+                                  SOFTCAP, DQ_ROWS)),
                 (_dkdv_consumer, (consumer, GROUP, HAS_LEFT, HAS_RIGHT, ACCUMULATE, DQ_ATOMIC, 2, 1,
-                                  SOFTCAP)),
+                                  SOFTCAP, DQ_ROWS)),
                 (_dkdv_producer, (producer, GROUP, HAS_LEFT, HAS_RIGHT)),
             ],
             [NUM_WARPS, 1],
@@ -721,6 +751,7 @@ def _dkdv_persistent_kernel(
     ACCUMULATE: gl.constexpr, DQ_ATOMIC: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SLOTS: gl.constexpr, DYNAMIC: gl.constexpr,
+    DQ_ROWS: gl.constexpr,
 ):  # fmt: skip
     """``_dkdv_kernel``'s work on ``G`` persistent programs: each takes every ``G``-th item of the
     key tiles' work list (``count_ptr[0]`` tiles times the kv heads, :func:`_dkdv_work_item`) or,
@@ -752,7 +783,7 @@ def _dkdv_persistent_kernel(
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
         lse_smem, delta_smem,
     ) = _dkdv_buffers(
-        q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_CONSUMERS, DQ_ATOMIC
+        q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_CONSUMERS, DQ_ATOMIC, DQ_ROWS
     )  # fmt: skip
     # DYNAMIC: the producer's work items for the consumers, by item parity
     items = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -779,7 +810,8 @@ def _dkdv_persistent_kernel(
         gl.warp_specialize(
             [
                 (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                                             ACCUMULATE, DQ_ATOMIC, 1, 0, DYNAMIC, SOFTCAP)),
+                                             ACCUMULATE, DQ_ATOMIC, 1, 0, DYNAMIC, SOFTCAP,
+                                             DQ_ROWS)),
                 (_dkdv_persistent_producer, (producer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
                                              DYNAMIC)),
             ],
@@ -790,9 +822,11 @@ def _dkdv_persistent_kernel(
         gl.warp_specialize(
             [
                 (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                                             ACCUMULATE, DQ_ATOMIC, 2, 0, DYNAMIC, SOFTCAP)),
+                                             ACCUMULATE, DQ_ATOMIC, 2, 0, DYNAMIC, SOFTCAP,
+                                             DQ_ROWS)),
                 (_dkdv_persistent_consumer, (consumer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
-                                             ACCUMULATE, DQ_ATOMIC, 2, 1, DYNAMIC, SOFTCAP)),
+                                             ACCUMULATE, DQ_ATOMIC, 2, 1, DYNAMIC, SOFTCAP,
+                                             DQ_ROWS)),
                 (_dkdv_persistent_producer, (producer, work, GROUP, HAS_POSITIONS, HAS_LEFT, HAS_RIGHT,
                                              DYNAMIC)),
             ],
