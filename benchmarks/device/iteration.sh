@@ -33,8 +33,10 @@ TESTS=${TESTS:-"tests/ops/gluon tests/ops/test_attention_gpu.py tests/ops/test_a
   tests/ops/test_attention_variants_gpu.py tests/ops/test_attention_accumulate.py tests/ops/test_fast_launch.py
   tests/cp/test_plan_cache.py tests/cp/test_ring.py tests/cp/test_ring_variants.py"}
 # shellcheck disable=SC2086  # TESTS is a list of paths
-THD_KERNELS=prefer-gluon PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 520)" python3 -m pytest -q -m gpu \
-  -p no:cacheprovider -k "not autotuned" --timeout 300 -rf $TESTS 2>&1 | tail -15
+# twelve xdist workers, SIGINT at the budget so pytest prints its summary (serial, the list was cut at
+# 42% in the sixteenth session; pytest-benchmark off: its xdist warning is an error under our filters)
+THD_KERNELS=prefer-gluon PYTHONPATH=src:.:$PYTHONPATH timeout -s INT -k 15 "$(left 520)" python3 -m pytest -q -m gpu \
+  -n 12 -p no:cacheprovider -p no:benchmark -k "not autotuned" --timeout 300 -rfE $TESTS 2>&1 | tail -15
 echo "== memcheck, Gluon bounds $(date +%T)"
 PYTHONPATH=src:. timeout "$(left 590)" compute-sanitizer --tool memcheck --error-exitcode 1 python3 -m pytest -q \
   -m gpu -p no:cacheprovider tests/ops/test_attention_bounds.py -k gluon 2>&1 | tail -4
