@@ -209,16 +209,19 @@ def test_softcap(layout_name, dim, heads, window, sinks, deterministic, monkeypa
 
 
 @pytest.mark.usefixtures("atomic_dq")
+@pytest.mark.parametrize("softcap", [0.0, 5.0], ids=["plain", "softcap"])
 @pytest.mark.parametrize("dq_rows", ["contiguous", "strided"])
-def test_accumulate_adds_on_real_rows_only(dq_rows) -> None:
+def test_accumulate_adds_on_real_rows_only(dq_rows, softcap) -> None:
     """Also into a dq buffer whose heads are not adjacent in a row: no TMA reduce-add there, the
-    per-element atomics instead."""
+    per-element atomics instead; with softcap too (the ring's steps accumulate)."""
     layout = LAYOUTS["padded"]
-    options = AttentionOptions(128**-0.5, causal=True)
+    options = AttentionOptions(128**-0.5, causal=True, softcap=softcap)
     q, k, v, do, out, lse, varlen = _case(layout, (4, 2), 128, torch.bfloat16, options)
     start = [torch.randn(t.shape, device=DEVICE) for t in (q, k, v)]
     for deterministic in (False, True):
-        opts = AttentionOptions(options.softmax_scale, causal=True, deterministic=deterministic)
+        opts = AttentionOptions(
+            options.softmax_scale, causal=True, softcap=softcap, deterministic=deterministic
+        )
         buffers = tuple(s.clone() for s in start)
         if dq_rows == "strided":
             wide = torch.full((q.shape[0], q.shape[1], 2 * q.shape[2]), float("nan"), device=DEVICE)
