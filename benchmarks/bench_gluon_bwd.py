@@ -41,6 +41,7 @@ from _common import (
     write_json,
 )
 
+from thd.errors import ThdValueError
 from thd.ops.attention import launch
 from thd.ops.attention.gluon import backward as gluon_backward
 from thd.ops.attention.params import (
@@ -106,21 +107,22 @@ def _tile(text: str) -> gluon_backward.GluonTile:
         problems.append("REGS is a multiple of 8 in [24, 256]")
     if (m[8] or m[9]) and not m[7]:
         problems.append("hSECTION and d are for persistent programs (p) only")
-    if m[6] and (consumers != 2 or bm < 128):
-        problems.append("q is for two consumer partitions of 128-query tiles only")
     if problems:
         raise argparse.ArgumentTypeError(f"{text!r}: " + "; ".join(problems))
-    return gluon_backward.GluonTile(
-        bm,
-        bn,
-        consumers=consumers,
-        num_stages=stages,
-        consumer_regs=regs or 240,
-        dq_rows=m[6] == "q",
-        persistent=m[7] == "p",
-        **({"head_section": int(m[8])} if m[8] else {}),
-        dynamic=m[9] == "d",
-    )
+    try:  # the tile checks its own rules (dq_rows)
+        return gluon_backward.GluonTile(
+            bm,
+            bn,
+            consumers=consumers,
+            num_stages=stages,
+            consumer_regs=regs or 240,
+            dq_rows=m[6] == "q",
+            persistent=m[7] == "p",
+            **({"head_section": int(m[8])} if m[8] else {}),
+            dynamic=m[9] == "d",
+        )
+    except ThdValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def _spec(tile: gluon_backward.GluonTile) -> str:

@@ -363,7 +363,7 @@ def backward(call: BackwardCall) -> tuple[Tensor, Tensor, Tensor, Tensor | None]
     _, layout_args = host.sequence_args(layout)
     if plan.dkdv is not None and plan.work_list is None:
         plan.dkdv.run(kernels._dkdv_kernel, (*inputs, dk, dv, dq, *layout_args), reused)
-    elif plan.dkdv is not None and plan.work_list is not None:  # persistent programs over the key tiles
+    elif plan.dkdv is not None:  # persistent programs over the key tiles
         work = planned_work_list(layout.cu_seqlens_kv, layout.slots_kv, plan.work_list, plan.capacity, reused)
         plan.dkdv.run(kernels._dkdv_persistent_kernel, (*inputs, dk, dv, dq, *layout_args, *work), reused)
     if atomic:
