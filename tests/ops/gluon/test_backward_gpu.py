@@ -328,11 +328,13 @@ def test_one_consumer_partition(layout_name, causal, window, dim, heads, atomic,
         ("padded", False, (37, 200), (4, 2)),
     ],
 )
-def test_dq_split_by_query_rows(layout_name, causal, window, heads, monkeypatch) -> None:
-    """The head-dim-64 tile with ``dq_rows`` (each partition adds dQ of its half of the query rows
-    by TMA reduce-add, FA3's split): against the fp32 reference and tl, padding rows zero."""
+@pytest.mark.parametrize("dq_rows", [True, False], ids=["dq-by-rows", "dq-by-columns"])
+def test_dq_split_by_query_rows(layout_name, causal, window, heads, dq_rows, monkeypatch) -> None:
+    """The head-dim-64 two-partition tile with ``dq_rows`` (each partition adds dQ of its half of the
+    query rows by TMA reduce-add, FA3's split; the default) and without (each adds every row over half
+    the columns): against the fp32 reference and tl, padding rows zero."""
     tiles = dict(gluon_backward.TILES)
-    tiles[("dkdv", 64)] = replace(gluon_backward.TWO_CONSUMER_TILES[("dkdv", 64)], dq_rows=True)
+    tiles[("dkdv", 64)] = replace(gluon_backward.TWO_CONSUMER_TILES[("dkdv", 64)], dq_rows=dq_rows)
     monkeypatch.setattr(gluon_backward, "TILES", tiles)
     layout = LAYOUTS[layout_name]
     options = AttentionOptions(64**-0.5, causal=causal, window_size=window)

@@ -272,8 +272,9 @@ def test_dq_rows_reach_the_dkdv_kernel_where_it_adds_dq(
 ) -> None:
     """Oracle: the tile and the dQ path. A two-partition tile with ``dq_rows`` has the dK/dV kernel
     split dQ by query rows where that kernel adds dQ (the atomic path), not where dQ has its own
-    kernel; the default tiles pass ``DQ_ROWS=False``."""
+    kernel; a tile without it passes ``DQ_ROWS=False``."""
     table = dict(gluon_backward.TWO_CONSUMER_TILES)
+    table[("dkdv", 64)] = replace(table[("dkdv", 64)], dq_rows=False)
     monkeypatch.setattr(gluon_backward, "TILES", table)
     call = _call(0, (70, 130), deterministic=deterministic)
     dkdv = "_dkdv_persistent_kernel" if persistent else "_dkdv_kernel"

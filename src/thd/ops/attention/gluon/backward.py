@@ -69,7 +69,7 @@ class GluonTile(WarpSpecializedTile):
     dynamic: bool = False
     # With two partitions and dQ added by the dK/dV kernel: each partition computes dQ of half the
     # query rows over every column (FA3's split at head dim 64), not every row over half the
-    # columns; needs 128-query tiles (wgmma rows come in 64s). An experiment, off in every tile.
+    # columns; needs 128-query tiles (wgmma rows come in 64s). On at head dim 64 (TWO_CONSUMER_TILES).
     dq_rows: bool = False
 
     def __post_init__(self) -> None:
@@ -115,7 +115,9 @@ ONE_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
 # TMA cannot address) by per-element atomics.
 TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
     # persistent where the documents are short: gluon-bwd-persistent-sections-bf9bea9-h100.json
-    ("dkdv", 64): GluonTile(block_m=128, block_n=128, consumers=2, persistent_up_to=2048),
+    # dQ by query rows: per-tile programs 2.687 -> 2.599 / 0.855 -> 0.834 / 0.458 -> 0.448 ms on 32k of
+    # 512-8192 / 16k of 256-4096 / 16k of 64-1024 (H100, one process, gluon-bwd-dq-rows-881fcc3-h100.json)
+    ("dkdv", 64): GluonTile(block_m=128, block_n=128, consumers=2, persistent_up_to=2048, dq_rows=True),
     ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2, num_stages=3),
     ("dq", 64): GluonTile(block_m=128, block_n=128, consumers=2),
     ("dq", 128): GluonTile(block_m=128, block_n=64, consumers=2),
