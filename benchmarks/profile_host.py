@@ -156,12 +156,14 @@ def as_gluon_device() -> Iterator[None]:
 
     from thd.ops.attention.gluon import backward as gluon_backward
     from thd.ops.attention.gluon import forward as gluon_forward
+    from thd.ops.attention.gluon import host as gluon_host
 
     with pytest.MonkeyPatch.context() as patch:
-        for module in (gluon_forward, gluon_backward):
+        for module in (gluon_forward, gluon_host):  # the backward asks ``host.on_gluon_device``
             patch.setattr(module, "on_gluon_device", lambda t: True)
         patch.setattr(gluon_forward, "num_sms", lambda index: 132)
         patch.setattr(gluon_forward, "device_index", lambda device: 0)
+        patch.setattr(gluon_backward, "device_sms", lambda t: 132)
         yield
 
 

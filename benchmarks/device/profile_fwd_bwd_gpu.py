@@ -1,0 +1,105 @@
+"""Where a forward+backward call's time goes on the GPU, per kernel family: the GPU time per call
+(back to back between CUDA events, as ``bench_attention.py`` times it), the host time to issue one
+call (no sync inside the loop), and the kernels one call runs (torch profiler, device time each).
+
+Written for the short-document rows, where the Gluon family's forward+backward in the goal table
+is slower than its forward and its backward timed alone (``bench_gluon_bwd.py``) add up to.
+
+device: PYTHONPATH=src:benchmarks:. python3 benchmarks/device/profile_fwd_bwd_gpu.py \
+            --rows 64,16384:64-1024 128,16384:64-1024 --families tl gluon --out prof.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from _common import bench_back_to_back, sync
+from attention_measure import environment, timed_fn
+from attention_providers import LayoutSpec, make_problem, thd_provider
+from torch.profiler import ProfilerActivity, profile
+
+HEADS = 16
+PROFILED_CALLS = 5
+ISSUED_CALLS = 20
+
+
+def _host_us_per_call(fn: Callable[[], object]) -> float:
+    """Microseconds to issue one call: ``ISSUED_CALLS`` calls with no sync between them."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(ISSUED_CALLS):
+        fn()
+    issued = time.perf_counter() - start
+    sync()
+    return issued * 1e6 / ISSUED_CALLS
+
+
+def _kernels(fn: Callable[[], object]) -> list[dict[str, Any]]:
+    """The kernels of one call: name, launches and device microseconds per call, longest first."""
+    sync()
+    activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        for _ in range(PROFILED_CALLS):
+            fn()
+        sync()
+    rows = []
+    total = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    for event in prof.key_averages():
+        device_us = getattr(event, total)
+        if device_us <= 0:
+            continue
+        rows.append(
+            {
+                "kernel": event.key[:90],
+                "launches_per_call": event.count / PROFILED_CALLS,
+                "device_us_per_call": device_us / PROFILED_CALLS,
+            }
+        )
+    return sorted(rows, key=lambda r: -r["device_us_per_call"])
+
+
+def measure(row: str, family: str, heads: int) -> dict[str, Any]:
+    dim, layout = row.split(",")
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test (interpreter)
+    problem = make_problem(LayoutSpec.parse(layout), heads, int(dim), seed=0, device=device)
+    call = thd_provider(problem).call
+    result: dict[str, Any] = {"row": row, "family": family}
+    with environment({"THD_KERNELS": family}):
+        for mode in ("fwd", "fwd_bwd"):
+            fn = timed_fn(call, problem, mode)
+            result[f"{mode}_ms"] = bench_back_to_back(fn, rep_ms=40, trials=3)["median_ms"]
+            result[f"{mode}_host_us"] = _host_us_per_call(fn)
+            result[f"{mode}_kernels"] = _kernels(fn)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="+", default=["64,16384:64-1024", "128,16384:64-1024"])
+    parser.add_argument("--families", nargs="+", default=["tl", "gluon"], choices=["tl", "gluon"])
+    parser.add_argument("--heads", type=int, default=HEADS)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    results = []
+    for row in args.rows:
+        for family in args.families:
+            r = measure(row, family, args.heads)
+            results.append(r)
+            print(
+                f"{row:22} {family:6} fwd {r['fwd_ms'] * 1e3:7.1f} us (host {r['fwd_host_us']:6.1f})"
+                f"  f+b {r['fwd_bwd_ms'] * 1e3:7.1f} us (host {r['fwd_bwd_host_us']:6.1f})"
+            )
+            for k in r["fwd_bwd_kernels"][:8]:
+                print(f"    {k['device_us_per_call']:8.1f} us x{k['launches_per_call']:.0f}  {k['kernel']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"config": vars(args), "torch": torch.__version__, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
