@@ -39,6 +39,27 @@ def test_profile_host_counts_the_tl_launches(tmp_path: Path, monkeypatch: pytest
         assert 1 <= len(results[mode]["profile"]) <= 5
 
 
+def test_profile_host_takes_the_gluon_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--family gluon``: CPU tensors pass for an sm_90 device, so both phases run the Gluon
+    wrappers (their launches stubbed) and the warm calls make no plans."""
+    pytest.importorskip("triton.experimental.gluon")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for name, value in (("THD_ATTENTION_BACKEND", "triton"), ("THD_KERNELS", "gluon")):
+        monkeypatch.setenv(name, value)
+    import profile_host
+
+    out = tmp_path / "host.json"
+    argv = ["--launcher", "stub", "--family", "gluon", "--calls", "2", "--rounds", "1", "--top", "0"]
+    assert profile_host.main([*argv, "--heads", "2", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["fwd_bwd"]["families"] == {"forward": "gluon", "backward": "gluon"}
+    assert results["fwd"]["launches_per_call"] == {"attention_fwd_kernel": 1}
+    assert {"attention_fwd_kernel", "_dkdv_kernel"} <= set(results["fwd_bwd"]["launches_per_call"])
+    for mode in ("fwd", "fwd_bwd"):
+        assert results[mode]["plans_made_per_call"] == [0, 0], mode
+
+
 @pytest.mark.parametrize("ring", ["0", "2"])
 def test_profile_host_fresh_offsets_make_no_plans(
     ring: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
