@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s).
-# Sixteenth session (2026-12-07, H100): calls 13 (the dynamic order: tests passed, no default
-# gained), 5 (variants), 8 (the whole tests/ tree: cut at 540 s, so it now runs tests/ops and
-# tests/cp only and call 15 the rest) and 14 (the Gluon backward's softcap: tests passed, timed)
-# ran, and the goal table (iteration.sh). Still to run: call 8 and call 15 on today's main (the
-# softcap backward now runs under prefer-gluon in the attention and ring files), call 6.
+# Seventeenth session (2026-12-07, H100): calls 17 (dQ by query rows: tests passed, adopted at head
+# dim 64), 16 (sequence-major list: tests passed, slower, stays off) and 15 (23 passed, 1 skipped)
+# ran; call 8 was lost when the machine was taken back mid-call, and no machine could be started
+# after. Still to run: call 18 (where a short-document forward+backward's time goes), call 8 on
+# today's main (dq_rows is now the head-dim-64 default), call 19, call 6.
+# Call 18: profile_fwd_bwd_gpu.py on the short-document rows: GPU time per call, the host's issue
+#   time per call and the kernels of one call, per family. From the committed JSONs the Gluon
+#   forward+backward at head dim 64 on 16k of 64-1024 runs ~300 us per call longer than its forward
+#   (attention-9fe89b8-h100.json) and its backward alone (gluon-bwd-dynamic-9fe89b8-h100.json) add
+#   up to (tl: ~90 us; head dim 128: ~60 us): host-bound, or kernels the parts do not run?
+# Call 19: dQ by query rows in the persistent dK/dV programs (the head-dim-64 default up to
+#   max_seqlen_kv 2048): two more rounds against the split by columns on three layouts.
 # Call 1: the family GPU tests, the Gluon forward's wait profile on the merged order and staged
 #   output, then the prefer-gluon attention files.
 # Call 2: the ring under prefer-gluon with a 300 s per-test limit (cold-cache compiles).
@@ -47,7 +54,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -143,6 +150,20 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17}" in
     --variant-names softcap --out "$OUT/attention-softcap-one-partition.json" --providers thd-gluon \
     --layouts 32768:512-8192 --modes fwd_bwd --budget-s 40 --rep-ms 30 --trials 3 2>&1 | tail -1
   PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT/attention-softcap-one-partition.json" 2>&1 | tail -6
+  ;;
+18)
+  PYTHONPATH=src:benchmarks:. timeout 300 python3 benchmarks/device/profile_fwd_bwd_gpu.py \
+    --rows 64,16384:64-1024 128,16384:64-1024 64,32768:512-8192 --out "$OUT/profile-fwd-bwd.json" 2>&1 | grep -v USDT
+  ;;
+19)
+  for round in 1 2; do  # one process per round: bench_gluon_bwd.py times each tile spec once
+    for layout in 16384:64-1024 32768:512-8192 16384:256-4096; do
+      echo "== D64 $layout, dQ by columns / by rows, persistent and per-tile, round $round $(date +%T)"
+      PYTHONPATH=src:benchmarks:. timeout 120 python3 benchmarks/bench_gluon_bwd.py --dims 64 --tokens "${layout%%:*}" \
+        --docs "${layout#*:}" --providers gluon --dkdv-tiles 128x128s2c2p 128x128s2c2qp 128x128s2c2 128x128s2c2q \
+        --rep-ms 40 --out "$OUT/gluon-bwd-dq-rows-r$round-${layout/:/-}.json" 2>&1 | grep -E '^D[0-9]'
+    done
+  done
   ;;
 17)
   echo "== dQ split by query rows, tests $(date +%T)"
