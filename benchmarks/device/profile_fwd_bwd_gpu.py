@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its modules import _common
+
 from _common import bench_back_to_back, sync
 from attention_measure import environment, timed_fn
 from attention_providers import LayoutSpec, make_problem, thd_provider
-from torch.profiler import ProfilerActivity, profile
 
 HEADS = 16
 PROFILED_CALLS = 5

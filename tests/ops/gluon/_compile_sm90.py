@@ -143,11 +143,13 @@ def _dq(head_dim: int, dtype: str = "bf16", **flags: object) -> Config:
 
 
 # The two-partition dK/dV tiles of backward.TWO_CONSUMER_TILES (this script imports no torch, so it
-# cannot read them there): three Q/dO stages at head dim 128, 128-query tiles at 64.
+# cannot read them there): three Q/dO stages at head dim 128, 128-query tiles at 64 with dQ split by
+# query rows (GluonTile.dq_rows; the plan passes DQ_ROWS only with the atomic dQ).
 _DKDV_2WG = {
     128: {"NUM_WARPS": 4, "NUM_CONSUMERS": 2, "NUM_STAGES": 3},
-    64: {"NUM_WARPS": 4, "NUM_CONSUMERS": 2, "BLOCK_M": 128},
+    64: {"NUM_WARPS": 4, "NUM_CONSUMERS": 2, "BLOCK_M": 128, "DQ_ROWS": True},
 }
+_DQ_BY_COLUMNS = {"DQ_ROWS": False}
 
 _VARIANTS = {  # every score option at once: window, positions, softcap, sinks, accumulate
     "HAS_LEFT": True,
@@ -203,7 +205,7 @@ CONFIGS: dict[str, Config] = {
     "dkdv-d128-2wg-gqa-window-accumulate": _dkdv(
         128, **_DKDV_2WG[128], GROUP=4, HAS_LEFT=True, ACCUMULATE=True, HAS_POSITIONS=True
     ),
-    "dkdv-d64-2wg-split": _dkdv(64, **_DKDV_2WG[64], DQ_ATOMIC=False),
+    "dkdv-d64-2wg-split": _dkdv(64, **_DKDV_2WG[64] | _DQ_BY_COLUMNS, DQ_ATOMIC=False),
     "dkdv-d128-2wg-split": _dkdv(128, **_DKDV_2WG[128], DQ_ATOMIC=False),
     "dkdv-d128-2wg-persistent": _dkdv(128, persistent=True, **_DKDV_2WG[128]),
     "dkdv-d64-2wg-persistent": _dkdv(64, persistent=True, **_DKDV_2WG[64], SLOTS=False),
@@ -216,14 +218,13 @@ CONFIGS: dict[str, Config] = {
     "dkdv-d64-persistent-dynamic-split": _dkdv(64, persistent=True, DQ_ATOMIC=False, DYNAMIC=True),
     # softcap: the tiles backward.tiles_for gives it (64-query dK/dV tiles at head dim 64)
     "dkdv-d128-2wg-softcap": _dkdv(128, **_DKDV_2WG[128], SOFTCAP=True),
-    "dkdv-d64-2wg-softcap": _dkdv(64, **_DKDV_2WG[64] | {"BLOCK_M": 64}, SOFTCAP=True),
+    "dkdv-d64-2wg-softcap": _dkdv(64, **_DKDV_2WG[64] | {"BLOCK_M": 64} | _DQ_BY_COLUMNS, SOFTCAP=True),
     "dkdv-d64-2wg-persistent-softcap": _dkdv(
-        64, persistent=True, **_DKDV_2WG[64] | {"BLOCK_M": 64}, SOFTCAP=True, HAS_LEFT=True
+        64, persistent=True, **_DKDV_2WG[64] | {"BLOCK_M": 64} | _DQ_BY_COLUMNS, SOFTCAP=True, HAS_LEFT=True
     ),
     "dq-d128-2wg-softcap": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2, SOFTCAP=True),
-    # dQ split by query rows between the two partitions (GluonTile.dq_rows), FA3's at head dim 64
-    "dkdv-d64-2wg-dqrows": _dkdv(64, **_DKDV_2WG[64], DQ_ROWS=True),
-    "dkdv-d64-2wg-persistent-dqrows": _dkdv(64, persistent=True, **_DKDV_2WG[64], SLOTS=False, DQ_ROWS=True),
+    # dQ split by columns between the two partitions (the head-dim-64 default before dq_rows)
+    "dkdv-d64-2wg-dqcols": _dkdv(64, **_DKDV_2WG[64] | _DQ_BY_COLUMNS),
     "dq-d128-2wg": _dq(128, NUM_WARPS=4, NUM_CONSUMERS=2),
     "dq-d64-2wg": _dq(64, NUM_WARPS=4, NUM_CONSUMERS=2, BLOCK_N=128),
 }

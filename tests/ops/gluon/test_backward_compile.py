@@ -33,31 +33,32 @@ CONFIGS = (
     "dkdv-d128-2wg-softcap",
     "dkdv-d64-2wg-persistent-softcap",
     "dq-d128-2wg-softcap",
-    "dkdv-d64-2wg-dqrows",
+    "dkdv-d64-2wg-dqcols",
 )
 # Bytes ptxas (Triton 3.6) may spill, per configuration (none where not named). The dK/dV kernels
 # at head dim 128 spill a few loop scalars: 80 and 56 bytes (stores and loads) since each stage's
 # lse and delta sit in shared memory; with them in registers the default tile spilled 336 bytes
 # and ptxas serialised its S^T and dP^T products. The default tiles (three stages at head dim 128,
 # 128-query tiles at 64) spill 356 and 588 bytes and measured faster than the tiles without spills
-# (gluon-bwd-tiles-ab-h100.json).
+# (gluon-bwd-tiles-ab-h100.json); at 64 with dQ split by query rows (GluonTile.dq_rows, the default
+# since gluon-bwd-dq-rows-881fcc3-h100.json) 476.
 # The persistent dK/dV programs (same tiles) keep their work list's arguments and the next item's
 # addresses live through the key tile: 920 and 928 bytes (ptxas 3.6), about 5 and 9 more local
-# loads per query tile than the per-tile programs.
+# loads per query tile than the per-tile programs; 988 at head dim 64 with dQ by query rows.
 # Softcap: the tanh's values beside S^T and dP^T cost the head-dim-128 tile 856 bytes (one partition
 # of 8 warps: 292); at head dim 64 its 64-query tile (backward.tiles_for) spills 44 to 76 (128 queries: 2856).
-# dQ split by query rows (GluonTile.dq_rows) at head dim 64: 476 bytes against the default's 588.
+# dQ split by columns at head dim 64 (the default before dq_rows): 588 bytes.
 SPILL_LIMITS = {
     "dkdv-d128": 96,
     "dkdv-d128-2wg": 368,
-    "dkdv-d64-2wg": 600,
+    "dkdv-d64-2wg": 496,
     "dkdv-d128-2wg-split": 64,
     "dkdv-d128-2wg-persistent": 936,
-    "dkdv-d64-2wg-persistent": 944,
-    "dkdv-d64-2wg-persistent-dynamic": 936,
+    "dkdv-d64-2wg-persistent": 1000,
+    "dkdv-d64-2wg-persistent-dynamic": 1016,
     "dkdv-d128-2wg-softcap": 872,
     "dkdv-d64-2wg-persistent-softcap": 96,
-    "dkdv-d64-2wg-dqrows": 496,
+    "dkdv-d64-2wg-dqcols": 600,
 }
 
 
@@ -81,7 +82,7 @@ def _assert_fa3_structure(stats: dict[str, dict[str, object]]) -> None:
     assert stats["dkdv-d64-2wg-persistent-dynamic"]["ticket_add"] == 3
     assert stats["dkdv-d64-2wg-persistent"]["ticket_add"] == 0
     # dQ by query rows: its product in wgmma of N = 64 (every column), half as many as with N = 32
-    dq_rows, dq_cols = stats["dkdv-d64-2wg-dqrows"]["wgmma"], stats["dkdv-d64-2wg"]["wgmma"]
+    dq_rows, dq_cols = stats["dkdv-d64-2wg"]["wgmma"], stats["dkdv-d64-2wg-dqcols"]["wgmma"]
     assert dq_cols - dq_rows == 16, (dq_rows, dq_cols)  # type: ignore[operator]
     # the softcap's tanh: one more exp2 per score than the plain kernels (MUFU counted by ptxas)
     if "mufu_ex2" in stats["dq-d128-2wg"]:
@@ -123,3 +124,4 @@ def test_compiled_default_tiles_are_the_ones_users_get() -> None:
         tile = gluon_backward.TWO_CONSUMER_TILES[("dkdv", head_dim)]
         compiled = config_for(f"dkdv-d{head_dim}-2wg").constexprs
         assert {key: compiled[key] for key in tile.constexprs()} == tile.constexprs(), head_dim
+        assert compiled["DQ_ROWS"] == tile.dq_rows, head_dim

@@ -42,7 +42,6 @@ __all__ = [
 ]
 
 _SETTINGS = kernel_settings()  # read once, with the kernels (thd._runtime.config)
-_INTERPRET = _SETTINGS.interpret
 
 
 @dataclass(frozen=True)
@@ -159,7 +158,7 @@ def supports_backward(call: BackwardCall) -> bool:
     """Whether :func:`backward` covers this call (metadata only: no device reads)."""
     q, k, v = call.saved[:3]
     accumulate = call.accumulate
-    if _INTERPRET or not host.on_gluon_device(q) or not host.same_dtype(q, k, v):
+    if not host.on_gluon_device(q) or not host.same_dtype(q, k, v):
         return False
     head_dim = q.shape[2]
     if head_dim not in HEAD_DIMS or k.shape[2] != head_dim or v.shape[2] != head_dim:

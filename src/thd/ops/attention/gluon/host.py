@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from thd._runtime.config import kernel_settings
 from thd._runtime.launcher import launcher_for
 from thd.ops.attention.gluon.compat import gluon_available
 from thd.ops.attention.params import AttentionOptions, VarlenLayout
@@ -76,9 +77,13 @@ def device_sms(t: Tensor) -> int:
     return num_sms(device_index(t.device))
 
 
+_INTERPRETING = kernel_settings().interpret  # read once, with the kernels (thd._runtime.config)
+
+
 def on_gluon_device(t: Tensor) -> bool:
-    """Whether ``t`` lives on an sm_90 GPU and the installed Triton has Gluon's Hopper surface."""
-    return gluon_available() and t.is_cuda and _is_sm90(device_index(t.device))
+    """Whether ``t`` lives on an sm_90 GPU and the installed Triton has Gluon's Hopper surface (the
+    Triton interpreter runs no Gluon kernel: never under ``TRITON_INTERPRET``)."""
+    return not _INTERPRETING and gluon_available() and t.is_cuda and _is_sm90(device_index(t.device))
 
 
 def same_dtype(q: Tensor, k: Tensor, v: Tensor) -> bool:
