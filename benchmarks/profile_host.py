@@ -151,12 +151,14 @@ def call_fn(p: SimpleNamespace, mode: str, fresh_offsets: bool, ring: int = 0) -
 
 @contextmanager
 def as_gluon_device() -> Iterator[None]:
-    """The Gluon wrappers take CPU tensors as on an sm_90 GPU of 132 SMs (``--family gluon``)."""
+    """The Gluon wrappers take CPU tensors as on an sm_90 GPU of 132 SMs (``--family gluon``); the
+    plans and work lists made for that stand-in device are forgotten after the block."""
     import pytest
 
     from thd.ops.attention.gluon import backward as gluon_backward
     from thd.ops.attention.gluon import forward as gluon_forward
     from thd.ops.attention.gluon import host as gluon_host
+    from thd.ops.attention.gluon.work_lists import clear_work_lists
 
     with pytest.MonkeyPatch.context() as patch:
         for module in (gluon_forward, gluon_host):  # the backward asks ``host.on_gluon_device``
@@ -164,7 +166,12 @@ def as_gluon_device() -> Iterator[None]:
         patch.setattr(gluon_forward, "num_sms", lambda index: 132)
         patch.setattr(gluon_forward, "device_index", lambda device: 0)
         patch.setattr(gluon_backward, "device_sms", lambda t: 132)
-        yield
+        try:
+            yield
+        finally:
+            gluon_forward.PLANS.clear()
+            gluon_backward.PLANS.clear()
+            clear_work_lists()
 
 
 @contextmanager

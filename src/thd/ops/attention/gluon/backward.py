@@ -115,7 +115,8 @@ ONE_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
 TWO_CONSUMER_TILES: dict[tuple[str, int], GluonTile] = {
     # persistent where the documents are short: gluon-bwd-persistent-sections-bf9bea9-h100.json
     # dQ by query rows: per-tile programs 2.687 -> 2.599 / 0.855 -> 0.834 / 0.458 -> 0.448 ms on 32k of
-    # 512-8192 / 16k of 256-4096 / 16k of 64-1024 (H100, one process, gluon-bwd-dq-rows-881fcc3-h100.json)
+    # 512-8192 / 16k of 256-4096 / 16k of 64-1024, persistent ones level (3.273 -> 3.297 / 0.906 -> 0.902
+    # / 0.439 -> 0.447; H100, one process, one round, gluon-bwd-dq-rows-881fcc3-h100.json)
     ("dkdv", 64): GluonTile(block_m=128, block_n=128, consumers=2, persistent_up_to=2048, dq_rows=True),
     ("dkdv", 128): GluonTile(block_m=64, block_n=128, consumers=2, num_stages=3),
     ("dq", 64): GluonTile(block_m=128, block_n=128, consumers=2),

@@ -36,6 +36,7 @@ __all__ = [
 HEAD_DIMS = (64, 128)
 """Head dims both Gluon kernels take (the forward also takes 256)."""
 DTYPES = (torch.bfloat16, torch.float16)
+_INTERPRETING = kernel_settings().interpret  # read once, with the kernels (thd._runtime.config)
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,6 @@ def section_size(units: int, wanted: int) -> int:
 def device_sms(t: Tensor) -> int:
     """The SMs of ``t``'s device: the persistent kernels' programs."""
     return num_sms(device_index(t.device))
-
-
-_INTERPRETING = kernel_settings().interpret  # read once, with the kernels (thd._runtime.config)
 
 
 def on_gluon_device(t: Tensor) -> bool:
