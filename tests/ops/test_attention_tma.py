@@ -9,6 +9,8 @@ misaligned view) must fall back to pointer loads and stay exact.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -59,6 +61,18 @@ def test_misaligned_tensors_fall_back_to_pointer_loads() -> None:
     assert not tiles.tma_capable(aligned, view)
     strided = torch.randn(8, 2, 34)[:, :, :32]  # row stride 68 floats: not a multiple of 16 bytes
     assert not tiles.tma_capable(strided)
+
+
+def test_cpu_tensors_outside_the_interpreter_have_no_copy_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside the interpreter only a CUDA tensor of a Hopper GPU is TMA-readable: CPU tensors (the
+    host-time stubs of ``benchmarks/profile_host.py``) answer False without asking for a CUDA device,
+    which a CPU-only torch does not have."""
+    monkeypatch.setattr(tiles, "TMA_ENABLED", True)
+    monkeypatch.setattr(tiles, "SETTINGS", replace(tiles.SETTINGS, interpret=False))
+    aligned = torch.randn(8, 2, 32)
+    assert not tiles.tma_capable(aligned)
+    monkeypatch.setattr(tiles, "SETTINGS", replace(tiles.SETTINGS, interpret=True))
+    assert tiles.tma_capable(aligned)
 
 
 def test_misaligned_inputs_stay_exact_on_tma_tiles(tma_tiles: list[bool]) -> None:

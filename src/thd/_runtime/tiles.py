@@ -202,6 +202,8 @@ def tma_capable(*tensors: Tensor) -> bool:
         return False
     first = tensors[0]
     if not SETTINGS.interpret:
+        if not first.is_cuda:  # CPU tensors outside the interpreter (host-time stubs): no copy engine
+            return False
         index = first.device.index if first.device.index is not None else torch.cuda.current_device()
         if index not in _tma_devices:
             _tma_devices[index] = torch.cuda.get_device_capability(index)[0] >= 9
