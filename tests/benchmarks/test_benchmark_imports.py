@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,16 @@ def test_device_script_runs_as_the_device_runs_it(name: str) -> None:
 def test_device_shell_script_parses(name: str) -> None:
     proc = subprocess.run(["bash", "-n", str(BENCHMARKS / "device" / name)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_pending_checks_usage_names_every_call() -> None:
+    """``pending_checks.sh``'s usage line lists exactly the calls its ``case`` has, and each call the
+    header describes exists."""
+    text = (BENCHMARKS / "device" / "pending_checks.sh").read_text()
+    usage = re.search(r"usage: pending_checks\.sh ([0-9|]+)", text)
+    assert usage is not None
+    listed = set(usage[1].split("|"))
+    calls = set(re.findall(r"^(\d+)\)", text, flags=re.MULTILINE))
+    assert listed == calls, (sorted(listed - calls), sorted(calls - listed))
+    described = set(re.findall(r"^# Call (\d+)", text, flags=re.MULTILINE))
+    assert described <= calls, sorted(described - calls)
