@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,24 +23,13 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its modules import _common
 
-from _common import bench_back_to_back, sync
+from _common import bench_back_to_back, host_time_us, sync
 from attention_measure import environment, timed_fn
 from attention_providers import LayoutSpec, make_problem, thd_provider
 
 HEADS = 16
 PROFILED_CALLS = 5
 ISSUED_CALLS = 20
-
-
-def _host_us_per_call(fn: Callable[[], object]) -> float:
-    """Microseconds to issue one call: ``ISSUED_CALLS`` calls with no sync between them."""
-    sync()
-    start = time.perf_counter()
-    for _ in range(ISSUED_CALLS):
-        fn()
-    issued = time.perf_counter() - start
-    sync()
-    return issued * 1e6 / ISSUED_CALLS
 
 
 def _kernels(fn: Callable[[], object]) -> list[dict[str, Any]]:
@@ -78,7 +66,8 @@ def measure(row: str, family: str, heads: int) -> dict[str, Any]:
         for mode in ("fwd", "fwd_bwd"):
             fn = timed_fn(call, problem, mode)
             result[f"{mode}_ms"] = bench_back_to_back(fn, rep_ms=40, trials=3)["median_ms"]
-            result[f"{mode}_host_us"] = _host_us_per_call(fn)
+            # issue_us: the host's time to issue one call (no sync in the loop); wall_us: with the sync
+            result[f"{mode}_host"] = host_time_us(fn, calls=ISSUED_CALLS, warmup_calls=2)
             result[f"{mode}_kernels"] = _kernels(fn)
     return result
 
@@ -96,8 +85,8 @@ def main() -> None:
             r = measure(row, family, args.heads)
             results.append(r)
             print(
-                f"{row:22} {family:6} fwd {r['fwd_ms'] * 1e3:7.1f} us (host {r['fwd_host_us']:6.1f})"
-                f"  f+b {r['fwd_bwd_ms'] * 1e3:7.1f} us (host {r['fwd_bwd_host_us']:6.1f})"
+                f"{row:22} {family:6} fwd {r['fwd_ms'] * 1e3:7.1f} us (host {r['fwd_host']['issue_us']:6.1f})"
+                f"  f+b {r['fwd_bwd_ms'] * 1e3:7.1f} us (host {r['fwd_bwd_host']['issue_us']:6.1f})"
             )
             for k in r["fwd_bwd_kernels"][:8]:
                 print(f"    {k['device_us_per_call']:8.1f} us x{k['launches_per_call']:.0f}  {k['kernel']}")

@@ -313,8 +313,9 @@ SERPENTINE: bool | None = None
 SEQUENCE_MAJOR: bool | None = None
 """Whether the work list holds one sequence's query tiles after another (each from the longest
 down) instead of every sequence's longest tiles first (``schedule.build_work_list``): the
-programs running at once then read one long document's keys, not two or three documents' (an
-experiment for the 64k row of two 25k-40k documents, not yet run on a GPU). ``None``: the tile's
+programs running at once then read one long document's keys, not two or three documents'. Built
+for the 64k row of two 25k-40k documents; slower or level on every row measured (H100,
+gluon-fwd-sequence-major-881fcc3-h100.json), so off in every tile. ``None``: the tile's
 ``sequence_major``."""
 
 WAIT_PROFILE: Tensor | None = None
