@@ -56,7 +56,27 @@ def _kernels(fn: Callable[[], object]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["device_us_per_call"])
 
 
-def measure(row: str, family: str, heads: int) -> dict[str, Any]:
+def _host_events(fn: Callable[[], object], top: int) -> list[dict[str, Any]]:
+    """Where the host's time to issue one call goes: the ``top`` events (Python-visible ops and
+    CUDA runtime/driver calls such as ``cuLaunchKernelEx``) by their own CPU time per call."""
+    sync()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(PROFILED_CALLS):
+            fn()
+        sync()
+    rows = [
+        {
+            "event": event.key[:90],
+            "count_per_call": event.count / PROFILED_CALLS,
+            "self_cpu_us_per_call": event.self_cpu_time_total / PROFILED_CALLS,
+        }
+        for event in prof.key_averages()
+        if event.self_cpu_time_total > 0
+    ]
+    return sorted(rows, key=lambda r: -r["self_cpu_us_per_call"])[:top]
+
+
+def measure(row: str, family: str, heads: int, host_events: int) -> dict[str, Any]:
     dim, layout = row.split(",")
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test (interpreter)
     problem = make_problem(LayoutSpec.parse(layout), heads, int(dim), seed=0, device=device)
@@ -69,6 +89,18 @@ def measure(row: str, family: str, heads: int) -> dict[str, Any]:
             # issue_us: the host's time to issue one call (no sync in the loop); wall_us: with the sync
             result[f"{mode}_host"] = host_time_us(fn, calls=ISSUED_CALLS, warmup_calls=2)
             result[f"{mode}_kernels"] = _kernels(fn)
+            if host_events:
+                result[f"{mode}_host_events"] = _host_events(fn, host_events)
+        if host_events:  # the forward+backward's parts on their own: the forward recording its graph,
+            # then the backward alone (one graph kept and run again)
+            leaves = [t.detach().clone().requires_grad_() for t in (problem.q, problem.k, problem.v)]
+            out = call(*leaves)
+            result["fwd_grad_host"] = host_time_us(lambda: call(*leaves), calls=ISSUED_CALLS, warmup_calls=2)
+            result["bwd_host"] = host_time_us(
+                lambda: torch.autograd.grad(out, leaves, problem.do, retain_graph=True),
+                calls=ISSUED_CALLS,
+                warmup_calls=2,
+            )
     return result
 
 
@@ -77,12 +109,13 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=["64,16384:64-1024", "128,16384:64-1024"])
     parser.add_argument("--families", nargs="+", default=["tl", "gluon"], choices=["tl", "gluon"])
     parser.add_argument("--heads", type=int, default=HEADS)
+    parser.add_argument("--host-events", type=int, default=0, help="also list this many host events per call")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     results = []
     for row in args.rows:
         for family in args.families:
-            r = measure(row, family, args.heads)
+            r = measure(row, family, args.heads, args.host_events)
             results.append(r)
             print(
                 f"{row:22} {family:6} fwd {r['fwd_ms'] * 1e3:7.1f} us (host {r['fwd_host']['issue_us']:6.1f})"
@@ -90,6 +123,15 @@ def main() -> None:
             )
             for k in r["fwd_bwd_kernels"][:8]:
                 print(f"    {k['device_us_per_call']:8.1f} us x{k['launches_per_call']:.0f}  {k['kernel']}")
+            if "bwd_host" in r:
+                print(
+                    f"    issue: forward with graph {r['fwd_grad_host']['issue_us']:.1f} us, backward alone"
+                    f" {r['bwd_host']['issue_us']:.1f} us"
+                )
+            for e in r.get("fwd_bwd_host_events", []):
+                print(
+                    f"    host {e['self_cpu_us_per_call']:8.1f} us x{e['count_per_call']:.0f}  {e['event']}"
+                )
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"config": vars(args), "torch": torch.__version__, "results": results}, f, indent=1)
