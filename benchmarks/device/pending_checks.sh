@@ -5,6 +5,10 @@
 # ran; call 8 was lost when the machine was taken back mid-call, and no machine could be started
 # after. Still to run: call 18 (where a short-document forward+backward's time goes), call 8 on
 # today's main (dq_rows is now the head-dim-64 default), call 19, call 6.
+# Call 20: where the Gluon forward+backward's host time goes on short documents (call 18 found it
+#   host-bound: ~800 us of issue per call against tl's ~350-490): profile_fwd_bwd_gpu.py with the
+#   torch profiler's host events and the forward's and backward's issue times apart, then call 8's
+#   suite under a shorter limit.
 # Call 18: profile_fwd_bwd_gpu.py on the short-document rows: GPU time per call, the host's issue
 #   time per call and the kernels of one call, per family. From the committed JSONs the Gluon
 #   forward+backward at head dim 64 on 16k of 64-1024 runs ~300 us per call longer than its forward
@@ -54,7 +58,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -154,6 +158,11 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19}" in
 18)
   PYTHONPATH=src:benchmarks:. timeout 300 python3 benchmarks/device/profile_fwd_bwd_gpu.py \
     --rows 64,16384:64-1024 128,16384:64-1024 64,32768:512-8192 --out "$OUT/profile-fwd-bwd.json" 2>&1 | grep -v USDT
+  ;;
+20)
+  PYTHONPATH=src:benchmarks:. timeout 120 python3 benchmarks/device/profile_fwd_bwd_gpu.py --rows 64,16384:64-1024 \
+    --host-events 30 --out "$OUT/profile-host-events.json" 2>&1 | grep -v -e USDT -e Warn -e _warn
+  prefer_gluon_suite "${SUITE_S:-230}" tests/ops tests/cp
   ;;
 19)
   for round in 1 2; do  # one process per round: bench_gluon_bwd.py times each tile spec once
