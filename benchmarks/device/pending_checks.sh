@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s).
-# Seventeenth session (2026-12-07, H100): calls 17 (dQ by query rows: tests passed, adopted at head
-# dim 64), 16 (sequence-major list: tests passed, slower, stays off) and 15 (23 passed, 1 skipped)
-# ran; call 8 was lost when the machine was taken back mid-call, and no machine could be started
-# after. Still to run: call 18 (where a short-document forward+backward's time goes), call 8 on
-# today's main (dq_rows is now the head-dim-64 default), call 19, call 6.
+# Eighteenth session (2026-12-07): call 18 ran on an H200 (the Gluon f+b on short documents is
+# host-bound), call 20 on an H100 (host issue times per part; the suite of tests/ops and tests/cp
+# under prefer-gluon: 417 passed, none failed, cut at 79%). Still to run: call 8 to its end,
+# call 19, call 6, and the FA4 goal table (fa4-wheels.sh stage, then iteration.sh).
 # Call 20: where the Gluon forward+backward's host time goes on short documents (call 18 found it
 #   host-bound: ~800 us of issue per call against tl's ~350-490): profile_fwd_bwd_gpu.py with the
 #   torch profiler's host events and the forward's and backward's issue times apart, then call 8's
