@@ -12,7 +12,6 @@ device: PYTHONPATH=src:benchmarks:. python3 benchmarks/device/profile_fwd_bwd_gp
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: its modules import _common
 
-from _common import bench_back_to_back, host_time_us, sync
+from _common import bench_back_to_back, command_line, env_fingerprint, host_time_us, sync, write_json
 from attention_measure import environment, timed_fn
 from attention_providers import LayoutSpec, make_problem, thd_provider
 
@@ -133,8 +132,13 @@ def main() -> None:
                     f"    host {e['self_cpu_us_per_call']:8.1f} us x{e['count_per_call']:.0f}  {e['event']}"
                 )
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"config": vars(args), "torch": torch.__version__, "results": results}, f, indent=1)
+        payload = {
+            "command": command_line(),
+            "env": env_fingerprint(),
+            "config": vars(args),
+            "results": results,
+        }
+        write_json(args.out, payload)
 
 
 if __name__ == "__main__":
