@@ -66,3 +66,46 @@ def test_auto_keeps_softcap_forwards_on_tl_and_takes_their_gluon_backward() -> N
         capped = AttentionOptions(dim**-0.5, causal=True, softcap=50.0)
         assert family.auto_forward(forward) and not family.auto_forward(forward._replace(options=capped))
         assert family.auto_backward(backward._replace(options=capped))
+
+
+def _strided(shape: tuple[int, int, int], order: tuple[int, int, int], dtype: torch.dtype) -> torch.Tensor:
+    """A ``shape`` tensor laid out in memory in ``order`` of its dims (outermost first)."""
+    stored = torch.randn([shape[d] for d in order]).to(dtype)
+    return stored.permute([order.index(d) for d in range(3)])
+
+
+STRIDED_INPUTS = [
+    *(((12, 2, 64), order) for order in ((0, 2, 1), (2, 1, 0), (1, 2, 0), (0, 1, 2))),
+    ((12, 1, 128), (1, 2, 0)),
+]
+
+
+def test_backward_judges_strided_inputs_without_copying_them(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``supports_backward`` says for a tensor whose last stride is not 1 what the copy the
+    backward would make reads like (the oracle: that copy, made here), and makes no copy itself;
+    a tensor with unit last stride is judged as it is (heads further apart than D: refused)."""
+    from thd.ops.attention.gluon import backward, host
+
+    monkeypatch.setattr(host, "on_gluon_device", lambda t: True)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    layout = VarlenLayout(cu, cu, max_seqlen_q=7, max_seqlen_kv=7)
+    wide = torch.randn(12, 2, 128, dtype=torch.bfloat16)[..., :64]  # unit last stride, heads 128 apart
+    inputs = [
+        _strided(shape, order, dtype)
+        for shape, order in STRIDED_INPUTS
+        for dtype in (torch.bfloat16, torch.half)
+    ]
+    expected = [backward._tma_readable(q if q.stride(-1) == 1 else q.contiguous()) for q in inputs]
+    inputs.append(wide)
+    expected.append(False)
+    copies: list[torch.Tensor] = []
+    original = torch.Tensor.contiguous
+    monkeypatch.setattr(
+        torch.Tensor, "contiguous", lambda t, *a, **k: copies.append(t) or original(t, *a, **k)
+    )
+    for q, readable in zip(inputs, expected, strict=True):
+        saved = SavedForBackward(q, q, q, torch.zeros_like(q), torch.zeros(q.shape[1], 12))
+        call = BackwardCall(torch.zeros_like(q), saved, layout, AttentionOptions(0.125, causal=True))
+        assert backward.supports_backward(call) is readable, (q.shape, q.stride())
+    assert copies == []
+    assert any(q.stride(-1) != 1 for q in inputs) and any(expected)

@@ -155,6 +155,15 @@ def _tma_readable(t: Tensor) -> bool:
     )
 
 
+def _readable_once_contiguous(t: Tensor) -> bool:
+    """Whether :func:`_readable` gives the kernels rows they can read: ``t`` itself, or (a tensor
+    whose last stride is not 1) its contiguous copy, judged from the shape alone: a fresh
+    allocation is aligned, so only the row stride ``H * D`` must be a multiple of 16 bytes."""
+    if t.stride(-1) == 1:
+        return _tma_readable(t)
+    return (t.shape[1] * t.shape[2] * t.element_size()) % 16 == 0
+
+
 def supports_backward(call: BackwardCall) -> bool:
     """Whether :func:`backward` covers this call (metadata only: no device reads)."""
     q, k, v = call.saved[:3]
@@ -166,7 +175,7 @@ def supports_backward(call: BackwardCall) -> bool:
         return False
     if accumulate is not None and any(t.dtype != torch.float32 for t in accumulate):
         return False
-    return all(_tma_readable(t if t.stride(-1) == 1 else t.contiguous()) for t in (q, k, v))
+    return all(_readable_once_contiguous(t) for t in (q, k, v))
 
 
 def _cdiv(x: int, y: int) -> int:
