@@ -4,7 +4,9 @@
 # FA4, cuDNN and varlen_attn, host time per eager call against varlen_attn and FA4, the attention/ring/Gluon GPU tests under THD_KERNELS=prefer-gluon, and
 # the Gluon kernels' bounds tests under compute-sanitizer memcheck. Each step is cut at a time
 # budget (seconds from the start) so the whole fits one 600-second call.
-#   device: carry [".fa4/b"], command: SHA=<commit> [VARIANTS=1] [TESTS="<paths>"] bash benchmarks/device/iteration.sh
+#   device: carry [".fa4/b"], command: SHA=<commit> [VARIANTS=1] [TESTS="<paths>"] [BENCH_ONLY=1] bash benchmarks/device/iteration.sh
+# BENCH_ONLY=1 stops after the benchmark and host-time steps (a call of about 300 s: long calls were
+# lost when a machine was taken back mid-call)
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 T0=$(date +%s); left() { echo $(($1 - ($(date +%s) - T0))); }
@@ -26,6 +28,10 @@ if [ "${VARIANTS:-0}" = 1 ]; then  # window / softcap / sinks, both families aga
   PYTHONPATH=src:.:$PYTHONPATH timeout "$(left 420)" python3 benchmarks/bench_attention.py --variants \
     --out "$OUT/attention-variants-$SHA.json" --commit "$SHA" --providers thd-tl thd-gluon fa4 \
     --layouts 32768:512-8192 --budget-s 80 --rep-ms 40 --trials 3 2>&1 | tail -2
+fi
+if [ "${BENCH_ONLY:-0}" = 1 ]; then  # the measurements alone (~300 s): the tests run in calls of their own
+  echo "== done $(date +%T)"
+  exit 0
 fi
 echo "== tests, THD_KERNELS=prefer-gluon $(date +%T)"
 # TESTS overrides the list (the whole list takes longer than one call: split it over calls)
