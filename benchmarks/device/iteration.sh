@@ -5,7 +5,8 @@
 # the Gluon kernels' bounds tests under compute-sanitizer memcheck. Each step is cut at a time
 # budget (seconds from the start) so the whole fits one 600-second call.
 #   device: carry [".fa4/b"], command: SHA=<commit> [VARIANTS=1] [TESTS="<paths>"] [BENCH_ONLY=1] bash benchmarks/device/iteration.sh
-# BENCH_ONLY=1 stops after the benchmark and host-time steps (a call of about 300 s: long calls were
+# BENCH_ONLY=1 stops after the benchmark and host-time steps (a call of at most ~370 s, 420 with
+# VARIANTS=1: long calls were
 # lost when a machine was taken back mid-call)
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
@@ -29,7 +30,7 @@ if [ "${VARIANTS:-0}" = 1 ]; then  # window / softcap / sinks, both families aga
     --out "$OUT/attention-variants-$SHA.json" --commit "$SHA" --providers thd-tl thd-gluon fa4 \
     --layouts 32768:512-8192 --budget-s 80 --rep-ms 40 --trials 3 2>&1 | tail -2
 fi
-if [ "${BENCH_ONLY:-0}" = 1 ]; then  # the measurements alone (~300 s): the tests run in calls of their own
+if [ "${BENCH_ONLY:-0}" = 1 ]; then  # the measurements alone: the tests run in calls of their own
   echo "== done $(date +%T)"
   exit 0
 fi
