@@ -5,9 +5,8 @@
 # the Gluon kernels' bounds tests under compute-sanitizer memcheck. Each step is cut at a time
 # budget (seconds from the start) so the whole fits one 600-second call.
 #   device: carry [".fa4/b"], command: SHA=<commit> [VARIANTS=1] [TESTS="<paths>"] [BENCH_ONLY=1] bash benchmarks/device/iteration.sh
-# BENCH_ONLY=1 stops after the benchmark and host-time steps (a call of at most ~370 s, 420 with
-# VARIANTS=1: long calls were
-# lost when a machine was taken back mid-call)
+# BENCH_ONLY=1 stops after the benchmark and host-time steps: a call of at most ~370 s (420 with
+# VARIANTS=1), as long calls were lost when a machine was taken back mid-call.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 T0=$(date +%s); left() { echo $(($1 - ($(date +%s) - T0))); }
