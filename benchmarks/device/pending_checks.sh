@@ -3,7 +3,7 @@
 # Eighteenth session (2026-12-07): call 18 ran on an H200 (the Gluon f+b on short documents is
 # host-bound), call 20 on an H100 (host issue times per part; the suite of tests/ops and tests/cp
 # under prefer-gluon: 417 passed, none failed, cut at 79%). Still to run: call 8 to its end,
-# call 19, call 6, and the FA4 goal table (fa4-wheels.sh stage, then iteration.sh).
+# call 19, call 6, and the FA4 goal table (fa4-wheels.sh stage, then BENCH_ONLY=1 iteration.sh).
 # Call 20: where the Gluon forward+backward's host time goes on short documents (call 18 found it
 #   host-bound: ~800 us of issue per call against tl's ~350-490): profile_fwd_bwd_gpu.py with the
 #   torch profiler's host events and the forward's and backward's issue times apart, then call 8's
