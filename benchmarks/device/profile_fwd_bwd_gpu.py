@@ -31,48 +31,38 @@ PROFILED_CALLS = 5
 ISSUED_CALLS = 20
 
 
-def _kernels(fn: Callable[[], object]) -> list[dict[str, Any]]:
-    """The kernels of one call: name, launches and device microseconds per call, longest first."""
+def _per_call_events(fn: Callable[[], object], activity: ProfilerActivity, time_total: str) -> list[tuple]:
+    """``(name, count, microseconds)`` per call of the profiler's events of ``activity`` over
+    :data:`PROFILED_CALLS` calls, by the events' ``time_total`` attribute, longest first."""
     sync()
-    activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
     with profile(activities=[activity]) as prof:
         for _ in range(PROFILED_CALLS):
             fn()
         sync()
-    rows = []
-    total = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-    for event in prof.key_averages():
-        device_us = getattr(event, total)
-        if device_us <= 0:
-            continue
-        rows.append(
-            {
-                "kernel": event.key[:90],
-                "launches_per_call": event.count / PROFILED_CALLS,
-                "device_us_per_call": device_us / PROFILED_CALLS,
-            }
-        )
-    return sorted(rows, key=lambda r: -r["device_us_per_call"])
+    rows = [
+        (event.key[:90], event.count / PROFILED_CALLS, getattr(event, time_total) / PROFILED_CALLS)
+        for event in prof.key_averages()
+        if getattr(event, time_total) > 0
+    ]
+    return sorted(rows, key=lambda r: -r[2])
+
+
+def _kernels(fn: Callable[[], object]) -> list[dict[str, Any]]:
+    """The kernels of one call: name, launches and device microseconds per call, longest first."""
+    cuda = torch.cuda.is_available()
+    activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
+    total = "self_device_time_total" if cuda else "self_cpu_time_total"
+    return [
+        {"kernel": name, "launches_per_call": count, "device_us_per_call": us}
+        for name, count, us in _per_call_events(fn, activity, total)
+    ]
 
 
 def _host_events(fn: Callable[[], object], top: int) -> list[dict[str, Any]]:
     """Where the host's time to issue one call goes: the ``top`` events (Python-visible ops and
     CUDA runtime/driver calls such as ``cuLaunchKernelEx``) by their own CPU time per call."""
-    sync()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(PROFILED_CALLS):
-            fn()
-        sync()
-    rows = [
-        {
-            "event": event.key[:90],
-            "count_per_call": event.count / PROFILED_CALLS,
-            "self_cpu_us_per_call": event.self_cpu_time_total / PROFILED_CALLS,
-        }
-        for event in prof.key_averages()
-        if event.self_cpu_time_total > 0
-    ]
-    return sorted(rows, key=lambda r: -r["self_cpu_us_per_call"])[:top]
+    rows = _per_call_events(fn, ProfilerActivity.CPU, "self_cpu_time_total")[:top]
+    return [{"event": name, "count_per_call": count, "self_cpu_us_per_call": us} for name, count, us in rows]
 
 
 def measure(row: str, family: str, heads: int, host_events: int) -> dict[str, Any]:
