@@ -343,6 +343,27 @@ def _dq_reduce_descriptor(
 
 
 @gluon.jit
+def _dq_product(ds_smem, tile_it, dq_cols, dq_acc, WG: gl.constexpr, DQ_ROWS: gl.constexpr):
+    """Issues (async) this partition's part of ``dQ = dS K`` for the query tile the ring served as
+    stage count ``tile_it`` (both halves of its ``dS^T`` in shared memory: the caller waited)."""
+    ds_tile = ds_smem.index(tile_it % 2)
+    if DQ_ROWS:  # A: this partition's query rows of dS
+        DQ_M: gl.constexpr = dq_acc.shape[0]
+        ds_tile = ds_tile.slice(WG * DQ_M, DQ_M, dim=1)
+    return warpgroup_mma(ds_tile.permute((1, 0)), dq_cols, dq_acc, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _dq_reduce_add(dq, dq_tile, dq_desc, row, col):
+    """Adds ``dq`` at ``[row, col]`` of the fp32 dQ rows by one TMA reduce-add from ``dq_tile``
+    (free: the caller waited for the previous reduction)."""
+    dq_tile.store(dq)
+    fence_async_shared()
+    cta_barrier()  # every warp's part of the tile is in place
+    tma_reduce_add(dq_desc, [row, col], dq_tile)
+
+
+@gluon.jit
 def _dkdv_key_tile(
     dq_desc, tile, buffers, it, j,
     GROUP: gl.constexpr, HAS_LEFT: gl.constexpr, HAS_RIGHT: gl.constexpr, ACCUMULATE: gl.constexpr,
@@ -354,7 +375,7 @@ def _dkdv_key_tile(
     added) at the end; the key tile is the program's ``j``-th. ``DQ_ATOMIC``: dQ of each query tile
     added to fp32 ``dq`` as well. One partition: ``dQ = dS K`` by both warpgroups, added by
     per-element atomics. Two partitions (FA3's): each stores its rows of ``dS^T`` in shared memory,
-    both wait for the whole ``dS`` (``ds_full``), each computes its half of dQ's columns over all the
+    both wait for the whole ``dS`` (``ds_bars``), each computes its half of dQ's columns over all the
     tile's keys and adds it with one TMA reduce-add by ``dq_desc`` from ``dq_smem`` (rows past the
     sequence are dropped by the descriptor); with ``DQ_ROWS`` each computes dQ of its half of the
     query rows over every column instead (FA3's split at head dim 64: wgmma of N = D, not D / 2).
@@ -365,7 +386,7 @@ def _dkdv_key_tile(
         seqlen_k, d_lo, d_hi, kv_head, sm_scale, softcap,
     ) = tile  # fmt: skip
     (
-        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_bars, kv_ready, kv_empty, ready, empty,
         lse_smem, delta_smem,
     ) = buffers  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
@@ -387,12 +408,16 @@ def _dkdv_key_tile(
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, 16]
     )
-    if DQ_ROWS:  # dQ rows and columns of this partition
+    if DQ_ROWS:  # dQ rows and columns of this partition; its part starts WG times (row0, col0) in
         DQ_M: gl.constexpr = BLOCK_M // NUM_CONSUMERS
         DQ_COLS: gl.constexpr = HEAD_DIM
+        DQ_ROW0: gl.constexpr = DQ_M
+        DQ_COL0: gl.constexpr = 0
     else:
         DQ_M: gl.constexpr = BLOCK_M
         DQ_COLS: gl.constexpr = HEAD_DIM // NUM_CONSUMERS
+        DQ_ROW0: gl.constexpr = 0
+        DQ_COL0: gl.constexpr = DQ_COLS
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, DQ_COLS // (NUM_WARPS // 4), 16]
     )
@@ -415,6 +440,12 @@ def _dkdv_key_tile(
     dk = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, kv_layout)
     mbarrier.wait(kv_ready, j & 1)
+    # two partitions: a query tile's dQ product waits for the other partition's half of its dS^T, so
+    # it is issued one query tile late, beside the next tile's dK product (pending: that tile's
+    # stage count, row and head; -1: none)
+    pending_it = -1
+    pending_m0 = 0
+    pending_head = 0
     for g in range(GROUP):
         head = kv_head * GROUP + g
         dq_base = dq_ptr + q_start.to(gl.int64) * stride_dqt + head * stride_dqh
@@ -443,23 +474,46 @@ def _dkdv_key_tile(
             if DQ_ATOMIC:  # dS^T in shared memory (double-buffered): the A operand of dQ = dS K
                 ds_tile = ds_smem.index(it % 2)
                 if NUM_CONSUMERS == 2:
+                    if it >= 2:  # both partitions' dQ products of stage count it - 2 read this buffer
+                        mbarrier.wait(ds_bars.index(2 + it % 2), ((it // 2) & 1) ^ 1)
                     ds_tile.slice(WG * WG_ROWS, WG_ROWS).store(ds)
                 else:
                     ds_tile.store(ds)
                 fence_async_shared()
                 cta_barrier()  # every warp's rows of dS^T are in place
                 if NUM_CONSUMERS == 2:
-                    mbarrier.arrive(ds_full.index(it % 2))
+                    mbarrier.arrive(ds_bars.index(it % 2))
             dk_tok = warpgroup_mma(gl.convert_layout(ds, a_layout), q_tile, dk, is_async=True)
-            if DQ_ATOMIC:
-                if NUM_CONSUMERS == 2:  # the other partition's rows of dS^T are in place too
-                    mbarrier.wait(ds_full.index(it % 2), (it // 2) & 1)
-                if DQ_ROWS:  # A: this partition's query rows of dS
-                    ds_rows = ds_tile.slice(WG * DQ_M, DQ_M, dim=1).permute((1, 0))
-                else:
-                    ds_rows = ds_tile.permute((1, 0))
+            if DQ_ATOMIC and NUM_CONSUMERS == 2:  # the previous query tile's dQ beside this dK
+                has_pending = pending_it >= 0
+                if has_pending:  # the other partition's half of its dS^T is in place
+                    mbarrier.wait(ds_bars.index(pending_it % 2), (pending_it // 2) & 1)
+                dq_tok = _dq_product(
+                    ds_smem,
+                    gl.maximum(pending_it, 0),
+                    dq_cols,
+                    gl.zeros([DQ_M, DQ_COLS], gl.float32, dq_layout),
+                    WG,
+                    DQ_ROWS,
+                )
+                dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+                if has_pending:  # (without one the product read a stale buffer: dropped)
+                    tma_store_wait(0)  # the previous reduction has read dq_smem
+                    cta_barrier()  # and every warp's dQ product has read its dS^T
+                    mbarrier.arrive(ds_bars.index(2 + pending_it % 2))
+                    _dq_reduce_add(
+                        dq,
+                        dq_tile,
+                        dq_desc,
+                        pending_m0 + WG * DQ_ROW0,
+                        pending_head * HEAD_DIM + WG * DQ_COL0,
+                    )
+                pending_it = it
+                pending_m0 = m0
+                pending_head = head
+            elif DQ_ATOMIC:  # one partition: dQ = dS K at once, added by per-element atomics
                 dq_tok = warpgroup_mma(
-                    ds_rows,
+                    ds_tile.permute((1, 0)),
                     dq_cols,
                     gl.zeros([DQ_M, DQ_COLS], gl.float32, dq_layout),
                     use_acc=False,
@@ -470,17 +524,7 @@ def _dkdv_key_tile(
                 dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
             cta_barrier()  # every warp of this partition is done with this stage
             mbarrier.arrive(empty.index(stage))
-            if DQ_ATOMIC and NUM_CONSUMERS == 2:  # one TMA reduce-add of this partition's columns
-                tma_store_wait(0)  # the previous tile's reduction has read dq_smem
-                cta_barrier()
-                dq_tile.store(dq)
-                fence_async_shared()
-                cta_barrier()
-                if DQ_ROWS:
-                    tma_reduce_add(dq_desc, [m0 + WG * DQ_M, head * HEAD_DIM], dq_tile)
-                else:
-                    tma_reduce_add(dq_desc, [m0, head * HEAD_DIM + WG * DQ_COLS], dq_tile)
-            elif DQ_ATOMIC:  # through shared memory into rows of 4-wide atomics: few addresses live
+            if DQ_ATOMIC and NUM_CONSUMERS == 1:  # through shared memory into rows of 4-wide atomics
                 dq = gl.convert_layout(dq, dq_add_layout)
                 dq_rows = gl.expand_dims(
                     m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_add_layout)), 1
@@ -493,6 +537,24 @@ def _dkdv_key_tile(
                     sem="relaxed",
                 )
             it += 1
+    if DQ_ATOMIC and NUM_CONSUMERS == 2:  # noqa: SIM102 -- a constexpr gate, then the last query tile's dQ
+        if pending_it >= 0:
+            mbarrier.wait(ds_bars.index(pending_it % 2), (pending_it // 2) & 1)
+            dq_tok = _dq_product(
+                ds_smem,
+                pending_it,
+                dq_cols,
+                gl.zeros([DQ_M, DQ_COLS], gl.float32, dq_layout),
+                WG,
+                DQ_ROWS,
+            )
+            dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+            tma_store_wait(0)
+            cta_barrier()
+            mbarrier.arrive(ds_bars.index(2 + pending_it % 2))
+            _dq_reduce_add(
+                dq, dq_tile, dq_desc, pending_m0 + WG * DQ_ROW0, pending_head * HEAD_DIM + WG * DQ_COL0
+            )
     cta_barrier()
     mbarrier.arrive(kv_empty)
     out_rows = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kv_layout)), 1)
@@ -525,11 +587,11 @@ def _dkdv_consumer(
     (
         dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
         seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, softcap, k_smem, v_smem, q_smem, do_smem,
-        ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
+        ds_smem, dq_smem, ds_bars, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
     ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     buffers = (
-        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_bars, kv_ready, kv_empty, ready, empty,
         lse_smem, delta_smem,
     )  # fmt: skip
     if DQ_ATOMIC and NUM_CONSUMERS == 2:  # dQ rows of this sequence, heads adjacent in a row, fp32
@@ -576,12 +638,12 @@ def _dkdv_persistent_consumer(
     reductions have read it."""
     (
         dk_ptr, dv_ptr, dq_ptr, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
-        sm_scale, softcap, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready,
+        sm_scale, softcap, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_bars, kv_ready,
         kv_empty, ready, empty, lse_smem, delta_smem, items, item_bars, ticket_ptr,
     ) = args  # fmt: skip
     BLOCK_N: gl.constexpr = k_smem.shape[0]
     buffers = (
-        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_bars, kv_ready, kv_empty, ready, empty,
         lse_smem, delta_smem,
     )  # fmt: skip
     it = 0
@@ -622,8 +684,8 @@ def _dkdv_buffers(
     dtype: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_ROWS: gl.constexpr,
 ):  # fmt: skip
-    """The dK/dV kernels' shared memory and mbarriers, initialised: ``(k, v, q, do, ds, dq, ds_full,
-    kv_ready, kv_empty, ready, empty, lse, delta)`` (``ds``, ``dq`` and ``ds_full`` stand in, unused,
+    """The dK/dV kernels' shared memory and mbarriers, initialised: ``(k, v, q, do, ds, dq, ds_bars,
+    kv_ready, kv_empty, ready, empty, lse, delta)`` (``ds``, ``dq`` and ``ds_bars`` stand in, unused,
     where the call has no use for them)."""
     smem: gl.constexpr = _SMEM_LAYOUT
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], smem)
@@ -648,15 +710,16 @@ def _dkdv_buffers(
             DQ_COLS: gl.constexpr = HEAD_DIM // 2
         dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DQ_M, DQ_COLS], gl.float32)
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, DQ_M, DQ_COLS], dq_layout)
-        ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(ds_full.index(i), count=2)
+        # per dS^T buffer: 0, 1 both halves stored; 2, 3 read by both partitions' dQ products
+        ds_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(4):
+            mbarrier.init(ds_bars.index(i), count=2)
         fence_async_shared()
     else:
         dq_smem = k_smem  # unused
-        ds_full = kv_ready  # unused
+        ds_bars = kv_ready  # unused
     return (
-        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_bars, kv_ready, kv_empty, ready, empty,
         lse_smem, delta_smem,
     )  # fmt: skip
 
@@ -695,7 +758,7 @@ def _dkdv_kernel(
     if gl.program_id(0) >= gl.cdiv(seqlen_k, BLOCK_N):  # no key tile of its own: both partitions' loops
         return  # would be empty, so skip their start (a grid sized by max_seqlen_kv has many such)
     (
-        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_bars, kv_ready, kv_empty, ready, empty,
         lse_smem, delta_smem,
     ) = _dkdv_buffers(
         q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_CONSUMERS, DQ_ATOMIC, DQ_ROWS
@@ -707,7 +770,7 @@ def _dkdv_kernel(
     consumer = (
         dk_base, dv_base, dq_ptr, stride_dkt, stride_dvt, stride_dqt, stride_dqh, q_start, seqlen_q,
         seqlen_k, d_lo, d_hi, kv_head, first, step, sm_scale, softcap, k_smem, v_smem, q_smem, do_smem,
-        ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
+        ds_smem, dq_smem, ds_bars, kv_ready, kv_empty, ready, empty, lse_smem, delta_smem,
     )  # fmt: skip
     producer = (
         q_ptr + q_start.to(gl.int64) * stride_qt, do_ptr + q_start.to(gl.int64) * stride_dot,
@@ -780,7 +843,7 @@ def _dkdv_persistent_kernel(
         if gl.program_id(0) >= total:
             return
     (
-        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready, kv_empty, ready, empty,
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_bars, kv_ready, kv_empty, ready, empty,
         lse_smem, delta_smem,
     ) = _dkdv_buffers(
         q_ptr.dtype.element_ty, HEAD_DIM, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_CONSUMERS, DQ_ATOMIC, DQ_ROWS
@@ -798,7 +861,7 @@ def _dkdv_persistent_kernel(
     )  # fmt: skip
     consumer = (
         dk_ptr, dv_ptr, dq_ptr, stride_dkt, stride_dkh, stride_dvt, stride_dvh, stride_dqt, stride_dqh,
-        sm_scale, softcap, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_full, kv_ready,
+        sm_scale, softcap, total, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, ds_bars, kv_ready,
         kv_empty, ready, empty, lse_smem, delta_smem, items, item_bars, count_ptr + 1,
     )  # fmt: skip
     producer = (
