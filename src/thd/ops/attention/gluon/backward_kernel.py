@@ -20,8 +20,9 @@ dK and dV in fp32 registers and per query tile compute ``S^T = K Q^T``,
 ``dS^T = P^T (dP^T - delta) * scale``, ``dK += dS^T Q`` (with ``SOFTCAP``: scores
 ``softcap * tanh(S^T * scale / softcap)`` and ``dS^T`` times ``1 - tanh^2``)
 with async wgmma, and (``DQ_ATOMIC``) add ``dQ = dS K`` to an fp32 buffer: with two consumer
-partitions (FA3's way) both partitions' ``dS^T`` meet in shared memory, each computes half of dQ's
-columns over the whole key tile and adds it by one TMA reduce-add; with one, by per-element atomics.
+partitions (FA3's way) both partitions' ``dS^T`` meet in shared memory, each computes half of dQ
+(its columns, or its query rows) over the whole key tile one query tile late, beside the next
+tile's ``dK`` product, and adds it by one TMA reduce-add; with one, by per-element atomics.
 ``_dq_kernel`` is the split (and deterministic) dQ: one program per (query tile, head, sequence)
 streaming K and V the same way, summing key tiles in a fixed order.
 
@@ -374,11 +375,14 @@ def _dkdv_key_tile(
     visible query tile of the group's heads (``WG_ROWS = BLOCK_N / NUM_CONSUMERS``), stored (or
     added) at the end; the key tile is the program's ``j``-th. ``DQ_ATOMIC``: dQ of each query tile
     added to fp32 ``dq`` as well. One partition: ``dQ = dS K`` by both warpgroups, added by
-    per-element atomics. Two partitions (FA3's): each stores its rows of ``dS^T`` in shared memory,
-    both wait for the whole ``dS`` (``ds_bars``), each computes its half of dQ's columns over all the
-    tile's keys and adds it with one TMA reduce-add by ``dq_desc`` from ``dq_smem`` (rows past the
-    sequence are dropped by the descriptor); with ``DQ_ROWS`` each computes dQ of its half of the
-    query rows over every column instead (FA3's split at head dim 64: wgmma of N = D, not D / 2).
+    per-element atomics. Two partitions (FA3's): each stores its rows of ``dS^T`` in shared memory
+    (``ds_bars`` 0-1: both halves stored), and one query tile later, beside the next tile's dK
+    product (so neither waits for the other's half in the same tile), computes its half of dQ's
+    columns over all the tile's keys and adds it with one TMA reduce-add by ``dq_desc`` from
+    ``dq_smem`` (rows past the sequence are dropped by the descriptor); ``ds_bars`` 2-3 say when both
+    partitions' dQ products have read a buffer, before it takes tile ``it + 2``'s halves. With
+    ``DQ_ROWS`` each computes dQ of its half of the query rows over every column instead (FA3's
+    split at head dim 64: wgmma of N = D, not D / 2).
     ``SOFTCAP``: scores ``softcap * tanh(S * scale / softcap)``, dS times ``1 - tanh^2``. Returns
     the ring's next stage count ``it``."""
     (
