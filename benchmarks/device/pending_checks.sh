@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s).
+# Nineteenth session (2026-12-07): call 19 ran (persistent dQ by rows level with columns: no change),
+# the FA4 goal table ran on 350e9a2; the late dQ (293af86) passed test_backward_gpu.py only. Still
+# to run: call 8 on the late dQ (every two-partition dK/dV program changed, the ring's too), call 6,
+# and the FA4 goal table on the late dQ (fa4-wheels.sh stage, then BENCH_ONLY=1 iteration.sh).
 # Eighteenth session (2026-12-07): call 18 ran on an H200 (the Gluon f+b on short documents is
 # host-bound), call 20 on an H100 (host issue times per part; the suite of tests/ops and tests/cp
 # under prefer-gluon: 417 passed, none failed, cut at 79%). Still to run: call 8 to its end,
