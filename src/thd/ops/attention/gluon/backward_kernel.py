@@ -412,7 +412,8 @@ def _dkdv_key_tile(
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, HEAD_DIM, 16]
     )
-    if DQ_ROWS:  # dQ rows and columns of this partition; its part starts WG times (row0, col0) in
+    # this partition's dQ: DQ_M x DQ_COLS at (WG * DQ_ROW0, WG * DQ_COL0) of the query tile's
+    if DQ_ROWS:
         DQ_M: gl.constexpr = BLOCK_M // NUM_CONSUMERS
         DQ_COLS: gl.constexpr = HEAD_DIM
         DQ_ROW0: gl.constexpr = DQ_M
