@@ -4,6 +4,11 @@
 # the FA4 goal table ran on 350e9a2; the late dQ (293af86) passed test_backward_gpu.py only. Still
 # to run: call 8 on the late dQ (every two-partition dK/dV program changed, the ring's too), call 6,
 # and the FA4 goal table on the late dQ (fa4-wheels.sh stage, then BENCH_ONLY=1 iteration.sh).
+# Call 21 (branch bwd-dq-atomics, compiled only): dQ added by fp32 atomics from the wgmma accumulator
+#   instead of the shared-memory staging + TMA reduce-add (the ablation's 12 %). Here first:
+#   rm -rf .ab/dq-atomics && mkdir -p .ab/dq-atomics && git archive bwd-dq-atomics src | tar -x -C .ab/dq-atomics
+#   then the device call with carry [".ab/dq-atomics"]: a smoke run that stops on a hang or a wrong
+#   result, the backward GPU tests on the tree, then three alternating rounds against this checkout.
 # Eighteenth session (2026-12-07): call 18 ran on an H200 (the Gluon f+b on short documents is
 # host-bound), call 20 on an H100 (host issue times per part; the suite of tests/ops and tests/cp
 # under prefer-gluon: 417 passed, none failed, cut at 79%). Still to run: call 8 to its end,
@@ -61,7 +66,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -166,6 +171,19 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20}" in
   PYTHONPATH=src:benchmarks:. timeout 120 python3 benchmarks/device/profile_fwd_bwd_gpu.py --rows 64,16384:64-1024 \
     --host-events 30 --out "$OUT/profile-host-events.json" 2>&1 | grep -v -e USDT -e Warn -e _warn
   prefer_gluon_suite "${SUITE_S:-230}" tests/ops tests/cp
+  ;;
+21)
+  tree=.ab/dq-atomics/src
+  [ -d "$tree" ] || { echo "no $tree: see the header"; exit 1; }
+  echo "== smoke $(date +%T)"
+  PYTHONPATH=$tree:benchmarks:. timeout 90 python3 benchmarks/bench_gluon_bwd.py --dims 64 128 --providers tl gluon \
+    --rep-ms 20 --out "$OUT/dq-atomics-smoke.json" 2>&1 | grep -E '^D[0-9]' || { echo "smoke failed or hung"; exit 1; }
+  echo "== backward GPU tests on the tree $(date +%T)"
+  PYTHONPATH=$tree:. timeout -s INT -k 10 150 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+    --timeout 140 -rfE tests/ops/gluon/test_backward_gpu.py 2>&1 | tail -4
+  echo "== backward alone, this checkout (base) against the tree $(date +%T)"
+  OUT=$OUT AB_SKIP_TESTS=1 AB_DIMS="64 128" AB_BUDGET_S=200 AB_ROUND_S=25 \
+    bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 3 2>&1 | tail -3
   ;;
 19)
   for round in 1 2; do  # one process per round: bench_gluon_bwd.py times each tile spec once
