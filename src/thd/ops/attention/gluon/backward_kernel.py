@@ -355,9 +355,13 @@ def _dq_product(ds_smem, tile_it, dq_cols, dq_acc, WG: gl.constexpr, DQ_ROWS: gl
 
 
 @gluon.jit
-def _dq_reduce_add(dq, dq_tile, dq_desc, row, col):
-    """Adds ``dq`` at ``[row, col]`` of the fp32 dQ rows by one TMA reduce-add from ``dq_tile``
-    (free: the caller waited for the previous reduction)."""
+def _dq_reduce_add(dq, ds_bars, tile_it, dq_tile, dq_desc, row, col):
+    """Once every warp's dQ product of stage count ``tile_it`` is done (its ``dS^T`` buffer then
+    free for tile ``tile_it + 2``) and the previous reduction has read ``dq_tile``: adds ``dq`` at
+    ``[row, col]`` of the fp32 dQ rows by one TMA reduce-add from ``dq_tile``."""
+    tma_store_wait(0)
+    cta_barrier()
+    mbarrier.arrive(ds_bars.index(2 + tile_it % 2))
     dq_tile.store(dq)
     fence_async_shared()
     cta_barrier()  # every warp's part of the tile is in place
@@ -503,11 +507,10 @@ def _dkdv_key_tile(
                 )
                 dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
                 if has_pending:  # (without one the product read a stale buffer: dropped)
-                    tma_store_wait(0)  # the previous reduction has read dq_smem
-                    cta_barrier()  # and every warp's dQ product has read its dS^T
-                    mbarrier.arrive(ds_bars.index(2 + pending_it % 2))
                     _dq_reduce_add(
                         dq,
+                        ds_bars,
+                        pending_it,
                         dq_tile,
                         dq_desc,
                         pending_m0 + WG * DQ_ROW0,
@@ -554,12 +557,10 @@ def _dkdv_key_tile(
                 DQ_ROWS,
             )
             dq = warpgroup_mma_wait(0, deps=(dq_tok,))
-            tma_store_wait(0)
-            cta_barrier()
-            mbarrier.arrive(ds_bars.index(2 + pending_it % 2))
             _dq_reduce_add(
-                dq, dq_tile, dq_desc, pending_m0 + WG * DQ_ROW0, pending_head * HEAD_DIM + WG * DQ_COL0
-            )
+                dq, ds_bars, pending_it, dq_tile, dq_desc, pending_m0 + WG * DQ_ROW0,
+                pending_head * HEAD_DIM + WG * DQ_COL0,
+            )  # fmt: skip
     cta_barrier()
     mbarrier.arrive(kv_empty)
     out_rows = gl.expand_dims(own0 + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, kv_layout)), 1)
