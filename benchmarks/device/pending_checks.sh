@@ -66,7 +66,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -107,8 +107,8 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21}" i
     done
   done
   ;;
-8)
-  prefer_gluon_suite 540 tests/ops tests/cp
+8)  # SUITE_S (default 540): the suite's limit
+  prefer_gluon_suite "${SUITE_S:-540}" tests/ops tests/cp
   ;;
 15)
   prefer_gluon_suite 540 tests --ignore=tests/ops --ignore=tests/cp
@@ -184,6 +184,26 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21}" i
   echo "== backward alone, this checkout (base) against the tree $(date +%T)"
   OUT=$OUT AB_SKIP_TESTS=1 AB_DIMS="64 128" AB_BUDGET_S=200 AB_ROUND_S=25 \
     bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 3 2>&1 | tail -3
+  ;;
+22)  # call 21 in less time, then the atomics tree's head-dim-64 tile with three Q/dO stages (it fits
+  # there: no fp32 dQ staging tile, 200,144 bytes of shared memory by ptxas 3.6)
+  tree=.ab/dq-atomics/src
+  [ -d "$tree" ] || { echo "no $tree: see call 21"; exit 1; }
+  echo "== smoke $(date +%T)"
+  PYTHONPATH=$tree:benchmarks:. timeout 80 python3 benchmarks/bench_gluon_bwd.py --dims 64 128 --providers tl gluon \
+    --rep-ms 20 --out "$OUT/dq-atomics-smoke.json" 2>&1 | grep -E '^D[0-9]' || { echo "smoke failed or hung"; exit 1; }
+  echo "== backward GPU tests on the tree $(date +%T)"
+  PYTHONPATH=$tree:. timeout -s INT -k 10 130 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
+    --timeout 120 -rfE tests/ops/gluon/test_backward_gpu.py 2>&1 | tail -4
+  echo "== backward alone, this checkout (base) against the tree $(date +%T)"
+  OUT=$OUT AB_SKIP_TESTS=1 AB_DIMS="64 128" AB_BUDGET_S=150 AB_ROUND_S=25 \
+    bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 3 2>&1 | tail -3
+  for layout in 32768:512-8192 16384:256-4096; do
+    echo "== the tree at head dim 64, two and three Q/dO stages, $layout $(date +%T)"
+    PYTHONPATH=$tree:benchmarks:. timeout 70 python3 benchmarks/bench_gluon_bwd.py --dims 64 --tokens "${layout%%:*}" \
+      --docs "${layout#*:}" --providers gluon --dkdv-tiles 128x128s2c2q 128x128s3c2q --rep-ms 40 \
+      --out "$OUT/dq-atomics-stages-${layout/:/-}.json" 2>&1 | grep -E '^D[0-9]'
+  done
   ;;
 19)
   for round in 1 2; do  # one process per round: bench_gluon_bwd.py times each tile spec once
