@@ -66,7 +66,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|23}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -109,6 +109,9 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22}
   ;;
 8)  # SUITE_S (default 540): the suite's limit
   prefer_gluon_suite "${SUITE_S:-540}" tests/ops tests/cp
+  ;;
+23)  # SUITE_S (default 170): call 8's part that runs the ring's Gluon steps and accumulate mode
+  prefer_gluon_suite "${SUITE_S:-170}" tests/cp tests/ops/test_attention_accumulate.py
   ;;
 15)
   prefer_gluon_suite 540 tests --ignore=tests/ops --ignore=tests/cp
