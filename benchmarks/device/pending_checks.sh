@@ -66,7 +66,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|23}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|23|24}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -188,8 +188,9 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|
   OUT=$OUT AB_SKIP_TESTS=1 AB_DIMS="64 128" AB_BUDGET_S=200 AB_ROUND_S=25 \
     bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 3 2>&1 | tail -3
   ;;
-22)  # call 21 in less time, then the atomics tree's head-dim-64 tile with three Q/dO stages (it fits
-  # there: no fp32 dQ staging tile, 200,144 bytes of shared memory by ptxas 3.6)
+22|24)  # call 21 in less time, then (22 only) the atomics tree's head-dim-64 tile with three Q/dO
+  # stages (it fits there: no fp32 dQ staging tile, 200,144 bytes of shared memory by ptxas 3.6);
+  # 24: about 300 s in all
   tree=.ab/dq-atomics/src
   [ -d "$tree" ] || { echo "no $tree: see call 21"; exit 1; }
   echo "== smoke $(date +%T)"
@@ -199,8 +200,9 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|
   PYTHONPATH=$tree:. timeout -s INT -k 10 110 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
     --timeout 100 -rfE tests/ops/gluon/test_backward_gpu.py 2>&1 | tail -4
   echo "== backward alone, this checkout (base) against the tree $(date +%T)"
-  OUT=$OUT AB_SKIP_TESTS=1 AB_DIMS="64 128" AB_BUDGET_S=130 AB_ROUND_S=25 \
+  OUT=$OUT AB_SKIP_TESTS=1 AB_DIMS="64 128" AB_BUDGET_S=$([ "$1" = 24 ] && echo 110 || echo 130) AB_ROUND_S=25 \
     bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 3 2>&1 | tail -3
+  [ "$1" = 24 ] && { echo "== done $(date +%T)"; exit 0; }
   limit=70  # the first layout compiles the two tiles
   for layout in 32768:512-8192 16384:256-4096; do
     echo "== the tree at head dim 64, two and three Q/dO stages, $layout $(date +%T)"
