@@ -66,7 +66,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|23|24}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|23|24|25}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -109,6 +109,17 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|
   ;;
 8)  # SUITE_S (default 540): the suite's limit
   prefer_gluon_suite "${SUITE_S:-540}" tests/ops tests/cp
+  ;;
+25)  # the least that says something of the atomics tree (about 150 s): its smoke (tl and Gluon,
+  # rel diff against tl), then this checkout's Gluon backward in the same shapes
+  tree=.ab/dq-atomics/src
+  [ -d "$tree" ] || { echo "no $tree: see call 21"; exit 1; }
+  echo "== smoke, the tree $(date +%T)"
+  PYTHONPATH=$tree:benchmarks:. timeout 80 python3 benchmarks/bench_gluon_bwd.py --dims 64 128 --providers tl gluon \
+    --rep-ms 20 --out "$OUT/dq-atomics-smoke.json" 2>&1 | grep -E '^D[0-9]' || { echo "smoke failed or hung"; exit 1; }
+  echo "== this checkout $(date +%T)"
+  PYTHONPATH=src:benchmarks:. timeout 70 python3 benchmarks/bench_gluon_bwd.py --dims 64 128 --providers gluon \
+    --rep-ms 20 --out "$OUT/main-smoke.json" 2>&1 | grep -E '^D[0-9]'
   ;;
 23)  # SUITE_S (default 170): call 8's part that runs the ring's Gluon steps and accumulate mode
   prefer_gluon_suite "${SUITE_S:-170}" tests/cp tests/ops/test_attention_accumulate.py
