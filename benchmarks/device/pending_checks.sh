@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s).
+# Twentieth session (2026-12-07): fifteen calls found no machine; the one lease ran call 25 (the
+# dq-atomics tree 1.6-1.8x slower than main: dropped, so calls 21, 22 and 24 are moot) and call 23,
+# cut at 105 s with no summary. Still to run, in order: call 8 (or 23 with SUITE_S=170 at least) on
+# the late dQ, the FA4 goal table on it (fa4-wheels.sh stage, then BENCH_ONLY=1 iteration.sh), call 6.
 # Nineteenth session (2026-12-07): call 19 ran (persistent dQ by rows level with columns: no change),
 # the FA4 goal table ran on 350e9a2; the late dQ (293af86) passed test_backward_gpu.py only. Still
 # to run: call 8 on the late dQ (every two-partition dK/dV program changed, the ring's too), call 6,
