@@ -1,18 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s).
 # Twentieth session (2026-12-07): fifteen calls found no machine; the one lease ran call 25 (the
-# dq-atomics tree 1.6-1.8x slower than main: dropped, so calls 21, 22 and 24 are moot) and call 23,
-# cut at 105 s with no summary. Still to run, in order: call 8 (or 23 with SUITE_S=170 at least) on
+# dq-atomics tree 1.6-1.8x slower than main: dropped; calls 21, 22 and 24, its longer A/Bs, were
+# never run and are gone) and call 23, cut at 105 s with no summary. Still to run, in order: call 8 (or 23 with SUITE_S=170 at least) on
 # the late dQ, the FA4 goal table on it (fa4-wheels.sh stage, then BENCH_ONLY=1 iteration.sh), call 6.
 # Nineteenth session (2026-12-07): call 19 ran (persistent dQ by rows level with columns: no change),
 # the FA4 goal table ran on 350e9a2; the late dQ (293af86) passed test_backward_gpu.py only. Still
 # to run: call 8 on the late dQ (every two-partition dK/dV program changed, the ring's too), call 6,
 # and the FA4 goal table on the late dQ (fa4-wheels.sh stage, then BENCH_ONLY=1 iteration.sh).
-# Call 21 (branch bwd-dq-atomics, compiled only): dQ added by fp32 atomics from the wgmma accumulator
-#   instead of the shared-memory staging + TMA reduce-add (the ablation's 12 %). Here first:
-#   rm -rf .ab/dq-atomics && mkdir -p .ab/dq-atomics && git archive bwd-dq-atomics src | tar -x -C .ab/dq-atomics
-#   then the device call with carry [".ab/dq-atomics"]: a smoke run that stops on a hang or a wrong
-#   result, the backward GPU tests on the tree, then three alternating rounds against this checkout.
 # Eighteenth session (2026-12-07): call 18 ran on an H200 (the Gluon f+b on short documents is
 # host-bound), call 20 on an H100 (host issue times per part; the suite of tests/ops and tests/cp
 # under prefer-gluon: 417 passed, none failed, cut at 79%). Still to run: call 8 to its end,
@@ -70,7 +65,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|23|24|25}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -117,7 +112,7 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|
 25)  # the least that says something of the atomics tree (about 150 s): its smoke (tl and Gluon,
   # rel diff against tl), then this checkout's Gluon backward in the same shapes
   tree=.ab/dq-atomics/src
-  [ -d "$tree" ] || { echo "no $tree: see call 21"; exit 1; }
+  [ -d "$tree" ] || { echo "no $tree: mkdir -p .ab/dq-atomics && git archive bwd-dq-atomics src | tar -x -C .ab/dq-atomics"; exit 1; }
   echo "== smoke, the tree $(date +%T)"
   PYTHONPATH=$tree:benchmarks:. timeout 80 python3 benchmarks/bench_gluon_bwd.py --dims 64 128 --providers tl gluon \
     --rep-ms 20 --out "$OUT/dq-atomics-smoke.json" 2>&1 | grep -E '^D[0-9]' || { echo "smoke failed or hung"; exit 1; }
@@ -189,43 +184,6 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|21|22|
   PYTHONPATH=src:benchmarks:. timeout 120 python3 benchmarks/device/profile_fwd_bwd_gpu.py --rows 64,16384:64-1024 \
     --host-events 30 --out "$OUT/profile-host-events.json" 2>&1 | grep -v -e USDT -e Warn -e _warn
   prefer_gluon_suite "${SUITE_S:-230}" tests/ops tests/cp
-  ;;
-21)
-  tree=.ab/dq-atomics/src
-  [ -d "$tree" ] || { echo "no $tree: see the header"; exit 1; }
-  echo "== smoke $(date +%T)"
-  PYTHONPATH=$tree:benchmarks:. timeout 90 python3 benchmarks/bench_gluon_bwd.py --dims 64 128 --providers tl gluon \
-    --rep-ms 20 --out "$OUT/dq-atomics-smoke.json" 2>&1 | grep -E '^D[0-9]' || { echo "smoke failed or hung"; exit 1; }
-  echo "== backward GPU tests on the tree $(date +%T)"
-  PYTHONPATH=$tree:. timeout -s INT -k 10 150 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
-    --timeout 140 -rfE tests/ops/gluon/test_backward_gpu.py 2>&1 | tail -4
-  echo "== backward alone, this checkout (base) against the tree $(date +%T)"
-  OUT=$OUT AB_SKIP_TESTS=1 AB_DIMS="64 128" AB_BUDGET_S=200 AB_ROUND_S=25 \
-    bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 3 2>&1 | tail -3
-  ;;
-22|24)  # call 21 in less time, then (22 only) the atomics tree's head-dim-64 tile with three Q/dO
-  # stages (it fits there: no fp32 dQ staging tile, 200,144 bytes of shared memory by ptxas 3.6);
-  # 24: about 300 s in all
-  tree=.ab/dq-atomics/src
-  [ -d "$tree" ] || { echo "no $tree: see call 21"; exit 1; }
-  echo "== smoke $(date +%T)"
-  PYTHONPATH=$tree:benchmarks:. timeout 80 python3 benchmarks/bench_gluon_bwd.py --dims 64 128 --providers tl gluon \
-    --rep-ms 20 --out "$OUT/dq-atomics-smoke.json" 2>&1 | grep -E '^D[0-9]' || { echo "smoke failed or hung"; exit 1; }
-  echo "== backward GPU tests on the tree $(date +%T)"
-  PYTHONPATH=$tree:. timeout -s INT -k 10 110 python3 -m pytest -q -m gpu -n 12 -p no:cacheprovider -p no:benchmark \
-    --timeout 100 -rfE tests/ops/gluon/test_backward_gpu.py 2>&1 | tail -4
-  echo "== backward alone, this checkout (base) against the tree $(date +%T)"
-  OUT=$OUT AB_SKIP_TESTS=1 AB_DIMS="64 128" AB_BUDGET_S=$([ "$1" = 24 ] && echo 110 || echo 130) AB_ROUND_S=25 \
-    bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 3 2>&1 | tail -3
-  [ "$1" = 24 ] && { echo "== done $(date +%T)"; exit 0; }
-  limit=70  # the first layout compiles the two tiles
-  for layout in 32768:512-8192 16384:256-4096; do
-    echo "== the tree at head dim 64, two and three Q/dO stages, $layout $(date +%T)"
-    PYTHONPATH=$tree:benchmarks:. timeout "$limit" python3 benchmarks/bench_gluon_bwd.py --dims 64 --tokens "${layout%%:*}" \
-      --docs "${layout#*:}" --providers gluon --dkdv-tiles 128x128s2c2q 128x128s3c2q --rep-ms 40 \
-      --out "$OUT/dq-atomics-stages-${layout/:/-}.json" 2>&1 | grep -E '^D[0-9]'
-    limit=50
-  done
   ;;
 19)
   for round in 1 2; do  # one process per round: bench_gluon_bwd.py times each tile spec once
