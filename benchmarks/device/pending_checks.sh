@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s).
+# Twenty-first session (2026-12-07): two calls found no machine, one was taken back mid-call with
+# no output, then loans were paused: nothing ran. Still to run, in order: call 8 (or 23 with
+# SUITE_S=170 at least) on the late dQ, the FA4 goal table (fa4-wheels.sh stage, then BENCH_ONLY=1
+# iteration.sh), call 26 (carry [".ab/scale-in-lse"]), call 6.
 # Twentieth session (2026-12-07): fifteen calls found no machine; the one lease ran call 25 (the
 # dq-atomics tree 1.6-1.8x slower than main: dropped; calls 21, 22 and 24, its longer A/Bs, were
 # never run and are gone) and call 23, cut at 105 s with no summary. Still to run, in order: call 8 (or 23 with SUITE_S=170 at least) on
@@ -65,7 +69,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|26}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -119,6 +123,14 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25}
   echo "== this checkout $(date +%T)"
   PYTHONPATH=src:benchmarks:. timeout 70 python3 benchmarks/bench_gluon_bwd.py --dims 64 128 --providers gluon \
     --rep-ms 20 --out "$OUT/main-smoke.json" 2>&1 | grep -E '^D[0-9]'
+  ;;
+26)  # branch bwd-scale-in-lse (the softmax scale folded into the staged lse: one multiply less per
+  # score in the dK/dV consumers; compiled on the CPU only): its own backward GPU tests (a subset:
+  # the scale-range test, the gradient oracle, accumulate mode), then the backward alone against this
+  # checkout, two alternating rounds (about 420 s)
+  tree=.ab/scale-in-lse/src
+  [ -d "$tree" ] || { echo "no $tree: mkdir -p .ab/scale-in-lse && git archive bwd-scale-in-lse src tests | tar -x -C .ab/scale-in-lse"; exit 1; }
+  AB_TEST_K="softmax_scales or gradients_match or accumulate" bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 2
   ;;
 23)  # SUITE_S (default 170): call 8's part that runs the ring's Gluon steps and accumulate mode
   prefer_gluon_suite "${SUITE_S:-170}" tests/cp tests/ops/test_attention_accumulate.py
