@@ -5,7 +5,7 @@
 # milliseconds and base/exp, and packs the run JSONs into $OUT/ab-bwd-alone-runs.tgz.
 #   here:   mkdir -p .ab/<name> && git archive <exp-commit> | tar -x -C .ab/<name>
 #   device: carry [".ab/<name>"], command: bash benchmarks/device/ab_gluon_bwd_alone.sh .ab/<name>/src[,...] [rounds]
-# AB_DIMS (default "128 64"), AB_REP_MS (60), AB_BUDGET_S (560; no process starts with less than
+# AB_DIMS (default "128 64"), AB_PROVIDERS (default gluon; "tl gluon" times both families), AB_REP_MS (60), AB_BUDGET_S (560; no process starts with less than
 # AB_ROUND_S, default 45, left), AB_TEST_K / AB_TEST_ONLY_FIRST as in _ab_common.sh.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
@@ -16,23 +16,24 @@ OUT=${OUT:-/tmp/ab}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name --format=csv,noheader
 ab_test_trees tests/ops/gluon/test_backward_gpu.py 200 "${TREES[@]}" || exit 1
 ab_bench() {  # SRC NAME ROUND
-  # shellcheck disable=SC2086  # AB_DIMS is a list
+  # shellcheck disable=SC2086  # AB_DIMS and AB_PROVIDERS are lists
   PYTHONPATH=$1:benchmarks:. timeout 120 python3 benchmarks/bench_gluon_bwd.py --dims ${AB_DIMS:-128 64} \
-    --providers gluon --rep-ms "${AB_REP_MS:-60}" --out "$OUT/alone-$2-$3.json" 2>&1 | grep -E '^D[0-9]'
+    --providers ${AB_PROVIDERS:-gluon} --rep-ms "${AB_REP_MS:-60}" --out "$OUT/alone-$2-$3.json" 2>&1 | grep -E '^D[0-9]'
 }
 ab_rounds "$ROUNDS" "${AB_ROUND_S:-45}"
 python3 - "$OUT" <<'PY'
 import collections, glob, json, os, statistics, sys
-ms = collections.defaultdict(lambda: collections.defaultdict(list))  # tree -> head dim -> ms
+ms = collections.defaultdict(lambda: collections.defaultdict(list))  # tree -> (provider, head dim) -> ms
 for path in sorted(glob.glob(f"{sys.argv[1]}/alone-*-*.json")):
     tree = os.path.basename(path)[6:].rsplit("-", 1)[0]
     for r in json.load(open(path))["records"]:
         if r["status"] == "ok":
-            ms[tree][r["shape"]["head_dim"]].append(r["median_ms"])
+            ms[tree][(r["provider"], r["shape"]["head_dim"])].append(r["median_ms"])
 base = ms.pop("base", {})
-for dim, runs in sorted(base.items()):
-    cells = [f"{t} {statistics.median(v[dim]):.3f} ms, base/exp per round {[round(b / e, 3) for b, e in zip(runs, v[dim])]}"
-             for t, v in sorted(ms.items()) if dim in v]
-    print(f"D{dim}: base {statistics.median(runs):.3f} ms | " + " | ".join(cells))
+for (provider, dim), runs in sorted(base.items()):
+    key = (provider, dim)
+    cells = [f"{t} {statistics.median(v[key]):.3f} ms, base/exp per round {[round(b / e, 3) for b, e in zip(runs, v[key])]}"
+             for t, v in sorted(ms.items()) if key in v]
+    print(f"{provider} D{dim}: base {statistics.median(runs):.3f} ms | " + " | ".join(cells))
 PY
 ab_pack "$OUT" ab-bwd-alone-runs.tgz alone

@@ -125,12 +125,15 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|
     --rep-ms 20 --out "$OUT/main-smoke.json" 2>&1 | grep -E '^D[0-9]'
   ;;
 26)  # branch bwd-scale-in-lse (the softmax scale folded into the staged lse: one multiply less per
-  # score in the dK/dV consumers; compiled on the CPU only): its own backward GPU tests (a subset:
-  # the scale-range test, the gradient oracle, accumulate mode), then the backward alone against this
-  # checkout, two alternating rounds (about 420 s)
+  # score in both families' dK/dV and dQ kernels; the tl kernels tested on the CPU, the Gluon ones
+  # compiled only): its own Gluon backward GPU tests (a subset: the scale-range test, the gradient
+  # oracle, accumulate mode), then the backward alone, tl and Gluon, against this checkout, two
+  # alternating rounds (about 480 s)
   tree=.ab/scale-in-lse/src
   [ -d "$tree" ] || { echo "no $tree: mkdir -p .ab/scale-in-lse && git archive bwd-scale-in-lse src tests | tar -x -C .ab/scale-in-lse"; exit 1; }
-  AB_TEST_K="softmax_scales or gradients_match or accumulate" bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 2
+  AB_PROVIDERS="tl gluon" AB_ROUND_S=70 AB_REP_MS=40 \
+    AB_TEST_K="softmax_scales or accumulate or (gradients_match and bf16 and atomic)" \
+    bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 2
   ;;
 23)  # SUITE_S (default 170): call 8's part that runs the ring's Gluon steps and accumulate mode
   prefer_gluon_suite "${SUITE_S:-170}" tests/cp tests/ops/test_attention_accumulate.py
