@@ -5,8 +5,9 @@
 # milliseconds and base/exp, and packs the run JSONs into $OUT/ab-bwd-alone-runs.tgz.
 #   here:   mkdir -p .ab/<name> && git archive <exp-commit> | tar -x -C .ab/<name>
 #   device: carry [".ab/<name>"], command: bash benchmarks/device/ab_gluon_bwd_alone.sh .ab/<name>/src[,...] [rounds]
-# AB_DIMS (default "128 64"), AB_PROVIDERS (default gluon; "tl gluon" times both families), AB_REP_MS (60), AB_BUDGET_S (560; no process starts with less than
-# AB_ROUND_S, default 45, left), AB_TEST_K / AB_TEST_ONLY_FIRST as in _ab_common.sh.
+# AB_DIMS (default "128 64"), AB_PROVIDERS (default gluon; "tl gluon" times both families),
+# AB_REP_MS (60), AB_BUDGET_S (560; no process starts with less than AB_ROUND_S, default 45, left),
+# AB_TEST_K / AB_TEST_ONLY_FIRST as in _ab_common.sh.
 set -o pipefail
 export PYTHONUNBUFFERED=1 THD_AUTOTUNE=0
 source "$(dirname "$0")/_ab_common.sh"
