@@ -2,8 +2,8 @@
 # The GPU checks still to run, most important first, one device call each (under 600 s).
 # Twenty-first session (2026-12-07): two calls found no machine, one was taken back mid-call with
 # no output, then loans were paused: nothing ran. Still to run, in order: call 8 (or 23 with
-# SUITE_S=170 at least) on the late dQ, the FA4 goal table (fa4-wheels.sh stage, then BENCH_ONLY=1
-# iteration.sh), call 26 (carry [".ab/scale-in-lse"]), call 6.
+# SUITE_S=170 at least) on the late dQ, call 27 (short), the FA4 goal table (fa4-wheels.sh stage,
+# then BENCH_ONLY=1 iteration.sh), call 26 (carry [".ab/scale-in-lse"]), call 6.
 # Twentieth session (2026-12-07): fifteen calls found no machine; the one lease ran call 25 (the
 # dq-atomics tree 1.6-1.8x slower than main: dropped; calls 21, 22 and 24, its longer A/Bs, were
 # never run and are gone) and call 23, cut at 105 s with no summary. Still to run, in order: call 8 (or 23 with SUITE_S=170 at least) on
@@ -69,7 +69,7 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|26}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|26|27}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -134,6 +134,12 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|
   AB_PROVIDERS="tl gluon" AB_ROUND_S=70 AB_REP_MS=40 \
     AB_TEST_K="softmax_scales or accumulate or (gradients_match and bf16 and atomic)" \
     bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 2
+  ;;
+27)  # does a call wait for the GPU? (twenty-first session: in profile-host-events-ceecaa0-h100.json the
+  # backward alone issued in 423 us per call against 417 us of its kernels, tl and Gluon alike, where
+  # the forward issued in 62 against 116, and a tiny problem's backward takes ~250 us of host time):
+  # a forward+backward queued behind a 100 ms GPU sleep, both families and dQ modes (about 90 s)
+  gpu_tests 150 tests/ops/test_attention_gpu.py -k "return_before or no_host_sync"
   ;;
 23)  # SUITE_S (default 170): call 8's part that runs the ring's Gluon steps and accumulate mode
   prefer_gluon_suite "${SUITE_S:-170}" tests/cp tests/ops/test_attention_accumulate.py

@@ -25,6 +25,7 @@ import math
 import os
 import pkgutil
 import random
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -597,6 +598,41 @@ def test_attention_gpu_no_host_sync_with_max_seqlen(deterministic: bool) -> None
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "deterministic"])
+@pytest.mark.parametrize("family", ["tl", "gluon"])
+def test_attention_gpu_calls_return_before_the_gpu_is_done(
+    family: str, deterministic: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Oracle: a GPU sleep of about 100 ms queued ahead of the call. Issuing a forward and a
+    backward on the benchmark's short documents (stated bounds) waits for no GPU work, so the host
+    gets its control back long before the sleep ends. ``set_sync_debug_mode`` (the test above) sees
+    only torch's synchronizing calls; this sees any wait (an allocator, a pageable copy, a driver
+    call). Both families, both dQ modes."""
+    monkeypatch.setenv("THD_KERNELS", family)
+    layout = BENCH_16K_SHORT
+    q, k, v, do = make_qkv(layout, 16, 16, 64, 64, torch.bfloat16, DEVICE)
+    kwargs = {**layout.kwargs(DEVICE), "causal": True, "deterministic": deterministic}
+    try:
+        for _ in range(2):  # compiles, plans, work lists and the allocator's blocks
+            _fwd_bwd(thd.attention, [q, k, v], do, kwargs)
+    except ThdValueError as exc:
+        pytest.skip(f"THD_KERNELS={family} does not take the call here: {exc}")
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    torch.cuda.synchronize()
+    sleep_start, sleep_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    sleep_start.record()
+    torch.cuda._sleep(200_000_000)  # about 100 ms at Hopper's clocks
+    sleep_end.record()
+    started = time.perf_counter()
+    out = thd.attention(*leaves, **kwargs)
+    torch.autograd.grad(out, leaves, do)
+    host_ms = (time.perf_counter() - started) * 1e3
+    torch.cuda.synchronize()
+    slept_ms = sleep_start.elapsed_time(sleep_end)
+    assert slept_ms > 20.0, f"the sleep took {slept_ms:.1f} ms: too short to tell"
+    assert host_ms < slept_ms / 4, f"the call held the host {host_ms:.1f} ms of a {slept_ms:.1f} ms GPU sleep"
 
 
 def test_attention_gpu_rows_past_32bit_element_offsets() -> None:
