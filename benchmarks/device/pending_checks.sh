@@ -6,8 +6,9 @@
 # then BENCH_ONLY=1 iteration.sh), call 26 (carry [".ab/scale-in-lse"]), call 6.
 # Twentieth session (2026-12-07): fifteen calls found no machine; the one lease ran call 25 (the
 # dq-atomics tree 1.6-1.8x slower than main: dropped; calls 21, 22 and 24, its longer A/Bs, were
-# never run and are gone) and call 23, cut at 105 s with no summary. Still to run, in order: call 8 (or 23 with SUITE_S=170 at least) on
-# the late dQ, the FA4 goal table on it (fa4-wheels.sh stage, then BENCH_ONLY=1 iteration.sh), call 6.
+# never run and are gone) and call 23, cut at 105 s with no summary. Still to run, in order: call 8
+# (or 23 with SUITE_S=170 at least) on the late dQ, the FA4 goal table on it (fa4-wheels.sh stage,
+# then BENCH_ONLY=1 iteration.sh), call 6.
 # Nineteenth session (2026-12-07): call 19 ran (persistent dQ by rows level with columns: no change),
 # the FA4 goal table ran on 350e9a2; the late dQ (293af86) passed test_backward_gpu.py only. Still
 # to run: call 8 on the late dQ (every two-partition dK/dV program changed, the ring's too), call 6,
@@ -68,6 +69,14 @@ prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so 
   THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout -s INT -k 20 "$budget" python3 -m pytest -q -m gpu -n 12 \
     -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
 }
+exp_tree() {  # $1: name under .ab/, $2: branch, the rest: what to archive; exits unless .ab/$1/src exists
+  local name=$1 branch=$2
+  shift 2
+  [ -d ".ab/$name/src" ] || {
+    echo "no .ab/$name/src: mkdir -p .ab/$name && git archive $branch $* | tar -x -C .ab/$name"
+    exit 1
+  }
+}
 nvidia-smi --query-gpu=name --format=csv,noheader
 case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|26|27}" in
 1)
@@ -115,8 +124,8 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|
   ;;
 25)  # the least that says something of the atomics tree (about 150 s): its smoke (tl and Gluon,
   # rel diff against tl), then this checkout's Gluon backward in the same shapes
+  exp_tree dq-atomics bwd-dq-atomics src
   tree=.ab/dq-atomics/src
-  [ -d "$tree" ] || { echo "no $tree: mkdir -p .ab/dq-atomics && git archive bwd-dq-atomics src | tar -x -C .ab/dq-atomics"; exit 1; }
   echo "== smoke, the tree $(date +%T)"
   PYTHONPATH=$tree:benchmarks:. timeout 80 python3 benchmarks/bench_gluon_bwd.py --dims 64 128 --providers tl gluon \
     --rep-ms 20 --out "$OUT/dq-atomics-smoke.json" 2>&1 | grep -E '^D[0-9]' || { echo "smoke failed or hung"; exit 1; }
@@ -129,8 +138,8 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|
   # compiled only): its own Gluon backward GPU tests (a subset: the scale-range test, the gradient
   # oracle, accumulate mode), then the backward alone, tl and Gluon, against this checkout, two
   # alternating rounds (about 480 s)
+  exp_tree scale-in-lse bwd-scale-in-lse src tests
   tree=.ab/scale-in-lse/src
-  [ -d "$tree" ] || { echo "no $tree: mkdir -p .ab/scale-in-lse && git archive bwd-scale-in-lse src tests | tar -x -C .ab/scale-in-lse"; exit 1; }
   AB_PROVIDERS="tl gluon" AB_ROUND_S=70 AB_REP_MS=40 \
     AB_TEST_K="softmax_scales or accumulate or (gradients_match and bf16 and atomic)" \
     bash benchmarks/device/ab_gluon_bwd_alone.sh "$tree" 2
