@@ -15,7 +15,7 @@ pytest.importorskip("triton.experimental.gluon")
 
 from thd.errors import ThdValueError
 from thd.ops.attention.gluon import backward as gluon_backward
-from thd.ops.attention.gluon import backward_kernel, work_lists
+from thd.ops.attention.gluon import backward_kernel, schedule, work_lists
 from thd.ops.attention.params import AttentionOptions, BackwardCall, SavedForBackward, VarlenLayout
 
 KERNELS = ("_preprocess_kernel", "_dkdv_kernel", "_dq_kernel", "_dkdv_persistent_kernel")
@@ -111,6 +111,32 @@ def test_every_launch_passes_every_kernel_parameter(
         params = ARG_NAMES[name]
         assert sorted(params[len(args) :]) == sorted(set(kwargs) - LAUNCH_OPTIONS), name
         assert set(kwargs) >= LAUNCH_OPTIONS
+
+
+@pytest.mark.parametrize("persistent", [True], ids=["persistent"], indirect=True)
+def test_work_list_launch_passes_every_parameter_of_its_kernel(
+    calls: list, persistent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The persistent dK/dV programs' work list: every constexpr by keyword (the cached launch
+    path sends a launch that leaves one to its default down Triton's normal path on every call, as
+    it did with this list's ``SEQUENCE_MAJOR`` until the twenty-second session)."""
+    given: list[tuple[tuple, dict]] = []
+    real = schedule.build_work_list
+
+    class _Builds:
+        def __getitem__(self, grid: tuple):  # type: ignore[no-untyped-def]
+            def record(*args: object, **kwargs: object) -> None:
+                given.append((args, kwargs))
+                real[grid](*args, **kwargs)
+
+            return record
+
+    monkeypatch.setattr(schedule, "build_work_list", _Builds())
+    gluon_backward.backward(_call(0, (70, 130), deterministic=False))
+    ((args, kwargs),) = given
+    names = list(real.arg_names)
+    assert sorted(names[len(args) :]) == sorted(set(kwargs) - LAUNCH_OPTIONS)
+    assert kwargs["SEQUENCE_MAJOR"] is False  # the kernel's order: longest tile index first
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["split-dq", "atomic-dq"])

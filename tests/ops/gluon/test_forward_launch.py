@@ -215,15 +215,22 @@ def test_wait_profile_launch_differs_from_the_plain_launch_only_in_the_profile(
 
 
 class _CountingBuilds:
-    """``schedule.build_work_list`` that counts its launches (and runs them)."""
+    """``schedule.build_work_list`` that counts its launches, keeps their arguments and runs them."""
 
     def __init__(self) -> None:
         self.real = schedule.build_work_list
         self.launches = 0
+        self.given: list[tuple[tuple, dict]] = []
 
     def __getitem__(self, grid: tuple):  # type: ignore[no-untyped-def]
         self.launches += 1
-        return self.real[grid]
+        launch = self.real[grid]
+
+        def record(*args: object, **kwargs: object) -> None:
+            self.given.append((args, kwargs))
+            launch(*args, **kwargs)
+
+        return record
 
 
 @pytest.fixture
@@ -236,6 +243,21 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> _CountingBuilds:
 def _work_list_of(recorded: _Recorder) -> tuple:
     args = recorded.calls[-1][1]
     return args[WORK_LIST_AT : WORK_LIST_AT + 3]
+
+
+@pytest.mark.parametrize("sequence_major", [False, True])
+def test_work_list_launch_passes_every_parameter_of_its_kernel(
+    recorded: _Recorder, builds: _CountingBuilds, monkeypatch: pytest.MonkeyPatch, sequence_major: bool
+) -> None:
+    """Every constexpr by keyword: the cached launch path (``thd._runtime.launcher``) sends a launch
+    that leaves one to its default down Triton's normal path on every call."""
+    monkeypatch.setattr(gluon_forward, "SEQUENCE_MAJOR", sequence_major)
+    q, k, v, cu = _batch(0, (70, 130))
+    gluon_forward.forward(ForwardCall(q, k, v, VarlenLayout(cu, cu), AttentionOptions(0.1, causal=True)))
+    ((args, kwargs),) = builds.given
+    names = list(builds.real.arg_names)
+    assert sorted(names[len(args) :]) == sorted(set(kwargs) - LAUNCH_OPTIONS)
+    assert kwargs["SEQUENCE_MAJOR"] is sequence_major
 
 
 def test_work_list_is_built_once_for_the_same_unchanged_offsets(

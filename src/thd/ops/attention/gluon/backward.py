@@ -21,7 +21,7 @@ from thd.errors import ThdValueError
 from thd.ops.attention.buffers import delta_buffer, gradient_buffers
 from thd.ops.attention.gluon import host
 from thd.ops.attention.gluon.host import HEAD_DIMS, PlannedLaunch, PlanTable, WarpSpecializedTile, device_sms
-from thd.ops.attention.gluon.work_lists import planned_work_list
+from thd.ops.attention.gluon.work_lists import planned_work_list, work_list_launch
 from thd.ops.attention.params import BackwardCall
 from thd.ops.attention.plan_keys import inputs_key
 
@@ -276,10 +276,8 @@ def _make_plan(
         if persistent(tile, max_kv) and num_seqs > 0:
             rows_k = k.shape[0]
             capacity = rows_k // tile.block_n + num_seqs + 1  # bounds the key tiles of any valid layout
-            work_list = PlannedLaunch(
-                (num_seqs,),
-                (num_seqs, rows_k, capacity),
-                {"BLOCK_M": tile.block_n, "BLOCK_B": 64, "BLOCK_T": 32, "num_warps": 4},
+            work_list = work_list_launch(
+                num_seqs=num_seqs, num_rows=rows_k, capacity=capacity, block_m=tile.block_n
             )
             section = host.section_size(num_kv_heads, tile.head_section)
             ticket = dynamic(tile)

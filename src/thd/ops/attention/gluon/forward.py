@@ -28,7 +28,7 @@ from thd.ops.attention.gluon.host import (
     section_size,
     sequence_args,
 )
-from thd.ops.attention.gluon.work_lists import WorkList, planned_work_list
+from thd.ops.attention.gluon.work_lists import WorkList, planned_work_list, work_list_launch
 from thd.ops.attention.params import ForwardCall, VarlenLayout
 from thd.ops.attention.plan_keys import inputs_key
 
@@ -197,10 +197,8 @@ def _make_plan(call: ForwardCall, out: Tensor, lse: Tensor, tile: GluonTile) -> 
     # the work list's capacity bounds the query tiles of any valid layout: rows / tile_m + sequences
     capacity = num_rows // tile_m + num_seqs + 1
     sequence_major = tile.sequence_major if SEQUENCE_MAJOR is None else SEQUENCE_MAJOR
-    work_list = PlannedLaunch(
-        (num_seqs,),
-        (num_seqs, num_rows, capacity),
-        {"BLOCK_M": tile_m, "BLOCK_B": 64, "BLOCK_T": 32, "SEQUENCE_MAJOR": sequence_major, "num_warps": 4},
+    work_list = work_list_launch(
+        num_seqs=num_seqs, num_rows=num_rows, capacity=capacity, block_m=tile_m, sequence_major=sequence_major
     )
     grid = (min(num_sms(device_index(q.device)) * tile.ctas_per_sm, capacity * (num_heads // pack)),)
     dynamic, serpentine = work_order(tile)

@@ -17,22 +17,20 @@ are never cached. The cache keeps the last :data:`CAPACITY` lists and their offs
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from thd._capture import is_capturing
 from thd._runtime.tensor_keyed_cache import TensorKeyedCache
-
-if TYPE_CHECKING:
-    from thd.ops.attention.gluon.host import PlannedLaunch
+from thd.ops.attention.gluon.host import PlannedLaunch
 
 __all__ = [
     "CAPACITY",
     "WorkList",
     "clear_work_lists",
     "planned_work_list",
+    "work_list_launch",
     "work_list_counts",
     "work_list_for",
 ]
@@ -68,14 +66,24 @@ def work_list_for(cu: Tensor, slots: Tensor, sizes: tuple, build: Callable[[], W
     return _LISTS.get_or_build((cu, slots), (_stream(cu), sizes), build, capturing=is_capturing())
 
 
+def work_list_launch(
+    *, num_seqs: int, num_rows: int, capacity: int, block_m: int, sequence_major: bool = False
+) -> PlannedLaunch:
+    """The planned launch of :func:`schedule.build_work_list` over ``num_seqs`` sequences of
+    ``num_rows`` rows in all, in tiles of ``block_m`` rows, ``capacity`` items at most. Every
+    constexpr is passed by keyword: the cached launch path takes no kernel that leaves one to its
+    default (a backward list without ``SEQUENCE_MAJOR`` fell back to Triton's normal path)."""
+    tile = {"BLOCK_M": block_m, "BLOCK_B": 64, "BLOCK_T": 32, "SEQUENCE_MAJOR": sequence_major}
+    return PlannedLaunch((num_seqs,), (num_seqs, num_rows, capacity), {**tile, "num_warps": 4})
+
+
 def planned_work_list(
     cu: Tensor, slots: Tensor, launch: PlannedLaunch, capacity: int, reused: bool
 ) -> WorkList:
     """``(seq, blk, count)`` of :func:`schedule.build_work_list` over the sequences of ``cu`` and
     ``slots`` in tiles of ``launch``'s ``BLOCK_M`` rows, in one int32 allocation of ``capacity``
     items, or the list an earlier call on the same, unchanged offsets built (:func:`work_list_for`).
-    ``launch``: the builder's planned launch, ``(num_seqs,)`` programs with the tail ``(num_seqs,
-    num_rows, capacity)``."""
+    ``launch``: the builder's planned launch (:func:`work_list_launch`)."""
     from thd.ops.attention.gluon.schedule import build_work_list
 
     def build() -> WorkList:
@@ -84,7 +92,7 @@ def planned_work_list(
         launch.run(build_work_list, (cu, slots, seq, blk, count), reused)
         return seq, blk, count
 
-    order = bool(launch.keywords.get("SEQUENCE_MAJOR", False))
+    order = bool(launch.keywords["SEQUENCE_MAJOR"])
     return work_list_for(cu, slots, (*launch.tail, launch.keywords["BLOCK_M"], order), build)
 
 
