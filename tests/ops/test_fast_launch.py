@@ -460,7 +460,11 @@ def test_unsupported_calls_take_the_normal_path(fake_gpu: FakeGPU) -> None:
     assert launcher.fast_launches == 0 and launcher.normal_launches == 8 and not launcher._cache
 
 
-def test_kernel_with_constexpr_default_left_out_is_not_cached(fake_gpu: FakeGPU) -> None:
+def test_kernel_with_constexpr_default_left_out_launches_what_triton_launches(fake_gpu: FakeGPU) -> None:
+    """A constexpr left to its default is passed as Triton's binder passes it (until the
+    twenty-second session such a key took the normal path on every launch: the Gluon backward's
+    work list left ``SEQUENCE_MAJOR`` out); one without a default left out takes the normal path."""
+
     def with_default(x_ptr, n, BLOCK: tl.constexpr, SHIFT: tl.constexpr = 3):  # type: ignore[no-untyped-def]
         tl.store(x_ptr + tl.arange(0, BLOCK), SHIFT)
 
@@ -468,12 +472,17 @@ def test_kernel_with_constexpr_default_left_out_is_not_cached(fake_gpu: FakeGPU)
     gpu = FakeGPU(fn, fake_gpu.driver)
     launcher = KernelLauncher(fn)
     x = _tensor(torch.float32, 0)
-    for _ in range(3):
-        launcher.run((1,), x, 64, BLOCK=16)
-    assert launcher.fast_launches == 0 and len(gpu.launches) == 3
-    for _ in range(3):
-        launcher.run((1,), x, 64, BLOCK=16, SHIFT=3)
-    assert launcher.fast_launches == 2
+    for kwargs in ({"BLOCK": 16}, {"BLOCK": 16, "SHIFT": 3}, {"BLOCK": 16, "SHIFT": 5}):
+        kernel, call = gpu.normal((1,), x, 64, **kwargs)
+        for _ in range(3):
+            assert launcher.run((1,), x, 64, **kwargs) is kernel
+            fast_kernel, fast_call = gpu.launches[-1]
+            assert fast_kernel is kernel
+            assert _same(_launched_args(fast_call), _launched_args(call))
+    assert launcher.fallbacks == 0 and launcher.fast_launches == 6 and launcher.normal_launches == 3
+    with pytest.raises(TypeError):  # BLOCK has no default: Triton's own error, by the normal path
+        launcher.run((1,), x, 64, SHIFT=3)
+    assert launcher.fast_launches == 6 and launcher.normal_launches == 4
 
 
 def test_switch_and_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:

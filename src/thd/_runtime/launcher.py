@@ -15,8 +15,9 @@ on a cache hit with one cheap key of its own:
 - a later call with the same key calls the compiled kernel's launcher (``CompiledKernel.run``)
   directly, with the arguments ``JITFunction.run`` passes it: grid, current stream, function
   handle, packed metadata, no launch metadata or hooks (only taken when none is active), then
-  every bound argument in signature order (constexprs included: Triton 3.6's launcher parses
-  them and ignores them, 3.9's drops them by its annotations). Scratch memory (device-side tensor
+  every bound argument in signature order (constexprs included, a constexpr left out with its
+  default value as Triton's binder binds it: Triton 3.6's launcher parses them and ignores them,
+  3.9's drops them by its annotations). Scratch memory (device-side tensor
   descriptors' global scratch through ``triton.set_allocator``'s context variable, the profile
   scratch) is allocated inside that launcher, exactly as on the normal path.
 
@@ -49,6 +50,7 @@ unreviewed Triton whose ``JITFunction.run`` still matches. Read at the first lau
 
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 import re
@@ -290,8 +292,12 @@ class KernelLauncher:
                 k is inspect.Parameter.POSITIONAL_OR_KEYWORD for k in kinds
             ):
                 names = tuple(p.name for p in params[plain:])
-                if len(names) > 1:
-                    getter: Callable[[dict], tuple] = operator.itemgetter(*names)
+                defaults = {p.name: p.default for p in params[plain:] if p.has_default}
+                getter: Callable[[dict], tuple]
+                if defaults:  # a constexpr left out takes its default, as Triton's binder gives it
+                    getter = functools.partial(_with_defaults, names, defaults)
+                elif len(names) > 1:
+                    getter = operator.itemgetter(*names)
                 elif names:
                     only = names[0]
                     getter = lambda kwargs: (kwargs[only],)
@@ -458,8 +464,11 @@ class KernelLauncher:
         tensors = tuple(dict.fromkeys(a for a in tail if type(a) in _TENSOR_TYPES))  # each once
         constexprs = None
         plan = self._layout(state)
-        if plan is not None and all(name in kwargs for name in plan[1]):
-            constexprs = plan[2](kwargs)
+        if plan is not None:
+            try:
+                constexprs = plan[2](kwargs)
+            except KeyError:  # a constexpr without a default left out: no fast launch will use it
+                constexprs = None
         record = _Fixed(token, kwargs, tuple(map(type, tensors)), tensors, {}, {}, constexprs)
         self._fixed[(id(token), id(kwargs))] = record
         return record
@@ -488,9 +497,8 @@ class KernelLauncher:
                 return
             plan = self._layout(state)
             assert plan is not None
-            names, values = plan[1], plan[2]
-            if not all(name in kwargs for name in names):
-                raise KeyError("a constexpr parameter was left to its default")
+            values = plan[2]
+            values(kwargs)  # KeyError: a constexpr without a default left out
             launch = kernel.run  # initialized by the launch that just ran
             function = kernel.function
             if function is None or not callable(launch):
@@ -521,6 +529,12 @@ class KernelLauncher:
             return False
         triton_key = state.compute_cache_key(kernel_key_cache, specialization, bound_options)
         return kernel_cache.get(triton_key) is kernel
+
+
+def _with_defaults(names: tuple[str, ...], defaults: dict[str, Any], kwargs: dict) -> tuple:
+    """The values of the constexprs ``names``: from ``kwargs``, else their default (KeyError for one
+    without a default)."""
+    return tuple(kwargs[name] if name in kwargs else defaults[name] for name in names)
 
 
 _LAUNCHERS: dict[int, KernelLauncher] = {}
