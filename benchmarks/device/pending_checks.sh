@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s).
+# Twenty-second session (2026-12-07): call 27 passed (the calls return before the GPU is done);
+# call 8 on 51c0159: 1 failed (the Gluon backward's work list on Triton's normal launch path,
+# fixed in 2b3118d and 63ac1e2), 522 passed, 22 skipped, interrupted at 300 s; its first try was
+# interrupted while pytest printed a long traceback, with no summary: the suite prints one line
+# per failure now. Still to run, in order: call 8 on the fix, the FA4 goal table, call 26, call 6.
 # Twenty-first session (2026-12-07): two calls found no machine, one was taken back mid-call with
 # no output, then loans were paused: nothing ran. Still to run, in order: call 8 (or 23 with
 # SUITE_S=170 at least) on the late dQ, call 27 (short), the FA4 goal table (fa4-wheels.sh stage,
@@ -67,7 +72,7 @@ gpu_tests() {  # $1: seconds, the rest: pytest arguments
 prefer_gluon_suite() {  # $1: seconds, the rest: paths; SIGINT at the limit, so pytest still prints its summary
   local budget=$1; shift
   THD_KERNELS=prefer-gluon PYTHONPATH=src:. timeout -s INT -k 20 "$budget" python3 -m pytest -q -m gpu -n 12 \
-    -p no:cacheprovider -p no:benchmark --timeout 400 -rfE "$@" -k "not autotuned" 2>&1 | tail -25
+    -p no:cacheprovider -p no:benchmark --timeout 400 -rfE --tb=line "$@" -k "not autotuned" 2>&1 | tail -25
 }
 exp_tree() {  # $1: name under .ab/, $2: branch, the rest: what to archive; exits unless .ab/$1/src exists
   local name=$1 branch=$2
