@@ -21,6 +21,8 @@ pass for an sm_90 device of 132 SMs (the wrappers' device checks are replaced), 
 Triton with Gluon; the work-list kernel's launch is stubbed like the others.
 
 ``--offsets fresh`` passes a new copy of the offsets each call (as a data loader does per batch).
+``--layout TOKENS:MIX`` takes a benchmark layout's packed documents instead of the two of 64 tokens
+(with ``--launcher real`` on a GPU: the host's work per call on the rows ``bench_attention.py`` times).
 
 ``--ring CP`` times ``thd.cp.ring_attention`` instead, as rank 0 of a ``CP``-rank ring run alone
 (``tests/cp/_thread_ring.py``'s one-rank ring, on this rank's ``1/CP`` of the rows, the offsets
@@ -56,7 +58,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from _common import document_lengths, offsets_tensor
 from attention_measure import timed_fn
+from attention_providers import MIXES, LayoutSpec
 
 MODES = ("fwd", "fwd_bwd")
 ENV = {"THD_ATTENTION_BACKEND": "triton", "THD_KERNELS": "tl"}
@@ -117,15 +121,27 @@ def stubbed_launches(mode: str) -> Iterator[None]:
 
 
 def problem(
-    heads: int, head_dim: int, docs: int, length: int, dtype: torch.dtype, device: str = "cpu"
+    heads: int, head_dim: int, lengths: Sequence[int], dtype: torch.dtype, device: str = "cpu"
 ) -> SimpleNamespace:
+    """Packed documents of ``lengths`` tokens, ``max_seqlen_*`` their longest."""
     gen = torch.Generator().manual_seed(0)
-    rows = docs * length
+    rows = sum(lengths)
     q, k, v, do = (
         torch.randn(rows, heads, head_dim, dtype=dtype, generator=gen).to(device) for _ in range(4)
     )
-    cu = torch.arange(0, rows + 1, length, dtype=torch.int32, device=device)
-    return SimpleNamespace(q=q, k=k, v=v, do=do, cu=cu, max_len=length)
+    cu = offsets_tensor(lengths, device)
+    return SimpleNamespace(q=q, k=k, v=v, do=do, cu=cu, max_len=max(lengths))
+
+
+def document_lengths_of(layout: str | None) -> list[int]:
+    """``bench_host.py``'s two documents of 64 tokens, or the packed documents of a benchmark
+    layout ``TOKENS:MIX`` (``bench_attention.py``'s lengths for its seed 0)."""
+    if layout is None:
+        return [64, 64]
+    spec = LayoutSpec.parse(layout)
+    if spec.slot > 1:
+        raise argparse.ArgumentTypeError(f"--layout {layout}: packed layouts only (no slot size)")
+    return document_lengths(spec.tokens, *MIXES[spec.mix], seed=0)
 
 
 def call_fn(p: SimpleNamespace, mode: str, fresh_offsets: bool, ring: int = 0) -> Callable[[], object]:
@@ -241,8 +257,9 @@ def profile_rows(fn: Callable[[], object], calls: int, top: int) -> list[dict[st
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     cuda = args.launcher == "real" and torch.cuda.is_available()
     dtype = torch.bfloat16 if cuda or args.launcher != "real" else torch.float32  # the interpreter: fp32
-    p = problem(args.heads, args.head_dim, 2, 64, dtype, "cuda" if cuda else "cpu")
-    results: dict[str, Any] = {}
+    lengths = document_lengths_of(args.layout)
+    p = problem(args.heads, args.head_dim, lengths, dtype, "cuda" if cuda else "cpu")
+    results: dict[str, Any] = {"documents": len(lengths), "tokens": sum(lengths)}
     with stubbed_launches(args.launcher), ExitStack() as stack:
         if args.ring:
             stack.enter_context(alone_in_ring(args.ring))
@@ -297,6 +314,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=7, help="timed loops per mode (median)")
     parser.add_argument("--profile-calls", type=int, default=200, help="calls in the cProfile loop")
     parser.add_argument("--top", type=int, default=25, help="profile rows per mode (0: no profile)")
+    parser.add_argument(
+        "--layout",
+        default=None,
+        metavar="TOKENS:MIX",
+        help="a benchmark layout's packed documents (e.g. 16384:64-1024) instead of two of 64 tokens",
+    )
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--json", default=None, help="also write the results here")
@@ -304,11 +327,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.layout and args.ring:
+        parser.error("--layout with --ring: the ring's shards need lengths divisible by 2 * CP")
     if os.environ.get("TRITON_INTERPRET") == "1" and args.launcher != "real":
         raise SystemExit("profile_host: unset TRITON_INTERPRET (the launches are stubbed, not interpreted)")
     os.environ.update(ENV, THD_KERNELS=args.family)
     results = measure(args)
+    print(f"{results['documents']} documents, {results['tokens']} tokens")
     for mode in args.modes:
         r = results[mode]
         rounds = " ".join(f"{t:.1f}" for t in r["rounds_us"])

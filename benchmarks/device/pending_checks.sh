@@ -4,7 +4,8 @@
 # call 8 on 51c0159: 1 failed (the Gluon backward's work list on Triton's normal launch path,
 # fixed in 2b3118d and 63ac1e2), 522 passed, 22 skipped, interrupted at 300 s; its first try was
 # interrupted while pytest printed a long traceback, with no summary: the suite prints one line
-# per failure now. Still to run, in order: call 8 on the fix, the FA4 goal table, call 26, call 6.
+# per failure now. Still to run, in order: call 8 on the fix, the FA4 goal table, call 26, call 28
+# (new: the host's time on the benchmark's short documents), call 6.
 # Twenty-first session (2026-12-07): two calls found no machine, one was taken back mid-call with
 # no output, then loans were paused: nothing ran. Still to run, in order: call 8 (or 23 with
 # SUITE_S=170 at least) on the late dQ, call 27 (short), the FA4 goal table (fa4-wheels.sh stage,
@@ -154,6 +155,19 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|
   # the forward issued in 62 against 116, and a tiny problem's backward takes ~250 us of host time):
   # a forward+backward queued behind a 100 ms GPU sleep, both families and dQ modes (about 90 s)
   gpu_tests 150 tests/ops/test_attention_gpu.py -k "return_before or no_host_sync"
+  ;;
+28)  # where the host's time goes on the benchmark's short documents (call 27 passed: no call waits for
+  # the GPU, yet the ceecaa0 profile issued a forward+backward in 694 us against 532 us of kernels,
+  # the backward alone in ~425 us, where a tiny problem's takes ~250): cProfile of real launches on
+  # 16k of 64-1024 at head dim 64, 16 heads, both families, then the tiny problem (about 120 s)
+  for family in tl gluon; do
+    for layout in 16384:64-1024 ""; do
+      echo "== $family ${layout:-two documents of 64} $(date +%T)"
+      PYTHONPATH=src:benchmarks:. timeout 100 python3 benchmarks/profile_host.py --launcher real --family "$family" \
+        ${layout:+--layout "$layout"} --heads 16 --head-dim 64 --calls 50 --rounds 3 --profile-calls 30 --top 25 \
+        --json "$OUT/host-$family-${layout:-tiny}.json" 2>&1 | head -60
+    done
+  done
   ;;
 23)  # SUITE_S (default 170): call 8's part that runs the ring's Gluon steps and accumulate mode
   prefer_gluon_suite "${SUITE_S:-170}" tests/cp tests/ops/test_attention_accumulate.py

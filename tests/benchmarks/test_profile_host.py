@@ -100,3 +100,28 @@ def test_profile_host_real_launches_run_the_kernels(ring: str, tmp_path: Path) -
     result = json.loads(out.read_text())["results"]["fwd"]
     assert result["families"] == {"forward": "tl"} and result["us_per_call"] > 0
     assert result["launches_per_call"] == {}  # nothing stubbed, nothing counted
+
+
+def test_profile_host_layout_takes_the_benchmark_documents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--layout TOKENS:MIX``: the documents ``bench_attention.py`` makes for that layout (oracle:
+    ``_common.document_lengths`` with its seed 0), each call one launch per kernel as on the tiny
+    problem; ``--layout`` with ``--ring`` is refused."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for name, value in (("THD_ATTENTION_BACKEND", "triton"), ("THD_KERNELS", "tl")):
+        monkeypatch.setenv(name, value)
+    import profile_host
+    from _common import document_lengths
+
+    out = tmp_path / "host.json"
+    argv = ["--launcher", "stub", "--calls", "2", "--rounds", "1", "--top", "0", "--heads", "2"]
+    assert profile_host.main([*argv, "--head-dim", "16", "--layout", "4096:64-1024", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    lengths = document_lengths(4096, 64, 1024, seed=0)
+    assert (results["documents"], results["tokens"]) == (len(lengths), 4096)
+    assert len(lengths) > 2
+    assert results["fwd"]["launches_per_call"] == {"_attention_fwd_kernel": 1}
+    with pytest.raises(SystemExit):
+        profile_host.main([*argv, "--layout", "4096:64-1024", "--ring", "2"])
