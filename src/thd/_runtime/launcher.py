@@ -292,17 +292,17 @@ class KernelLauncher:
                 k is inspect.Parameter.POSITIONAL_OR_KEYWORD for k in kinds
             ):
                 names = tuple(p.name for p in params[plain:])
-                defaults = {p.name: p.default for p in params[plain:] if p.has_default}
                 getter: Callable[[dict], tuple]
-                if defaults:  # a constexpr left out takes its default, as Triton's binder gives it
-                    getter = functools.partial(_with_defaults, names, defaults)
-                elif len(names) > 1:
+                if len(names) > 1:
                     getter = operator.itemgetter(*names)
                 elif names:
                     only = names[0]
                     getter = lambda kwargs: (kwargs[only],)
                 else:
                     getter = lambda kwargs: ()
+                defaults = {p.name: p.default for p in params[plain:] if p.has_default}
+                if defaults:  # a constexpr left out takes its default, as Triton's binder gives it
+                    getter = functools.partial(_with_defaults, getter, names, defaults)
                 plan = (plain, names, getter)
         self._plan, self._plan_for = plan, state
         return plan
@@ -531,10 +531,15 @@ class KernelLauncher:
         return kernel_cache.get(triton_key) is kernel
 
 
-def _with_defaults(names: tuple[str, ...], defaults: dict[str, Any], kwargs: dict) -> tuple:
-    """The values of the constexprs ``names``: from ``kwargs``, else their default (KeyError for one
-    without a default)."""
-    return tuple(kwargs[name] if name in kwargs else defaults[name] for name in names)
+def _with_defaults(
+    given: Callable[[dict], tuple], names: tuple[str, ...], defaults: dict[str, Any], kwargs: dict
+) -> tuple:
+    """The values of the constexprs ``names``: ``given(kwargs)`` when ``kwargs`` has them all, else
+    each from ``kwargs`` or its default (KeyError for one without a default)."""
+    try:
+        return given(kwargs)
+    except KeyError:
+        return tuple(kwargs[name] if name in kwargs else defaults[name] for name in names)
 
 
 _LAUNCHERS: dict[int, KernelLauncher] = {}
