@@ -14,13 +14,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_profile_host_counts_the_tl_launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _profile_host(monkeypatch: pytest.MonkeyPatch, family: str = "tl"):  # type: ignore[no-untyped-def]
+    """The script's module, imported for an in-process run on ``family``'s stubbed host path (the
+    variables the script sets are restored after the test)."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT))  # the ring's stand-in comm: tests/cp/_thread_ring.py
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # launches are stubbed, not interpreted
-    for name, value in (("THD_ATTENTION_BACKEND", "triton"), ("THD_KERNELS", "tl")):
-        monkeypatch.setenv(name, value)  # the script sets them too: restored after the test
+    for name, value in (("THD_ATTENTION_BACKEND", "triton"), ("THD_KERNELS", family)):
+        monkeypatch.setenv(name, value)
     import profile_host
 
+    return profile_host
+
+
+def test_profile_host_counts_the_tl_launches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    profile_host = _profile_host(monkeypatch)
     from thd._runtime import tiles
 
     out = tmp_path / "host.json"
@@ -43,12 +51,7 @@ def test_profile_host_takes_the_gluon_path(tmp_path: Path, monkeypatch: pytest.M
     """``--family gluon``: CPU tensors pass for an sm_90 device, so both phases run the Gluon
     wrappers (their launches stubbed) and the warm calls make no plans."""
     pytest.importorskip("triton.experimental.gluon")
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for name, value in (("THD_ATTENTION_BACKEND", "triton"), ("THD_KERNELS", "gluon")):
-        monkeypatch.setenv(name, value)
-    import profile_host
-
+    profile_host = _profile_host(monkeypatch, "gluon")
     out = tmp_path / "host.json"
     argv = ["--launcher", "stub", "--family", "gluon", "--calls", "2", "--rounds", "1", "--top", "0"]
     assert profile_host.main([*argv, "--heads", "2", "--json", str(out)]) == 0
@@ -66,13 +69,7 @@ def test_profile_host_fresh_offsets_make_no_plans(
 ) -> None:
     """A new offsets tensor each warm call, single-device or as one rank of a 2-rank ring (two
     launches per phase), finds the cached launch plans."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.syspath_prepend(str(ROOT))  # the ring's stand-in comm: tests/cp/_thread_ring.py
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for name, value in (("THD_ATTENTION_BACKEND", "triton"), ("THD_KERNELS", "tl")):
-        monkeypatch.setenv(name, value)
-    import profile_host
-
+    profile_host = _profile_host(monkeypatch)
     out = tmp_path / "host.json"
     argv = ["--launcher", "stub", "--calls", "3", "--rounds", "1", "--top", "0", "--offsets", "fresh"]
     assert profile_host.main([*argv, "--ring", ring, "--heads", "2", "--json", str(out)]) == 0
@@ -108,11 +105,7 @@ def test_profile_host_layout_takes_the_benchmark_documents(
     """``--layout TOKENS:MIX``: the documents ``bench_attention.py`` makes for that layout (oracle:
     ``_common.document_lengths`` with its seed 0), each call one launch per kernel as on the tiny
     problem; ``--layout`` with ``--ring`` is refused."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for name, value in (("THD_ATTENTION_BACKEND", "triton"), ("THD_KERNELS", "tl")):
-        monkeypatch.setenv(name, value)
-    import profile_host
+    profile_host = _profile_host(monkeypatch)
     from _common import document_lengths
 
     out = tmp_path / "host.json"

@@ -117,9 +117,9 @@ def test_every_launch_passes_every_kernel_parameter(
 def test_work_list_launch_passes_every_parameter_of_its_kernel(
     calls: list, persistent: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The persistent dK/dV programs' work list: every constexpr by keyword (the cached launch
-    path sends a launch that leaves one to its default down Triton's normal path on every call, as
-    it did with this list's ``SEQUENCE_MAJOR`` until the twenty-second session)."""
+    """The persistent dK/dV programs' work list: every constexpr by keyword, its order stated (until
+    the twenty-second session it left ``SEQUENCE_MAJOR`` out, which sent every launch of the list
+    down Triton's normal path while the cached launcher took no defaults)."""
     given: list[tuple[tuple, dict]] = []
     real = schedule.build_work_list
 

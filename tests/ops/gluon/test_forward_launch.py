@@ -249,8 +249,8 @@ def _work_list_of(recorded: _Recorder) -> tuple:
 def test_work_list_launch_passes_every_parameter_of_its_kernel(
     recorded: _Recorder, builds: _CountingBuilds, monkeypatch: pytest.MonkeyPatch, sequence_major: bool
 ) -> None:
-    """Every constexpr by keyword: the cached launch path (``thd._runtime.launcher``) sends a launch
-    that leaves one to its default down Triton's normal path on every call."""
+    """Every constexpr by keyword, the list's order as the plan chose it (the backward's list once
+    left ``SEQUENCE_MAJOR`` to its default)."""
     monkeypatch.setattr(gluon_forward, "SEQUENCE_MAJOR", sequence_major)
     q, k, v, cu = _batch(0, (70, 130))
     gluon_forward.forward(ForwardCall(q, k, v, VarlenLayout(cu, cu), AttentionOptions(0.1, causal=True)))

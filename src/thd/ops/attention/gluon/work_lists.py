@@ -71,8 +71,7 @@ def work_list_launch(
 ) -> PlannedLaunch:
     """The planned launch of :func:`schedule.build_work_list` over ``num_seqs`` sequences of
     ``num_rows`` rows in all, in tiles of ``block_m`` rows, ``capacity`` items at most. Every
-    constexpr is passed by keyword: the cached launch path takes no kernel that leaves one to its
-    default (a backward list without ``SEQUENCE_MAJOR`` fell back to Triton's normal path)."""
+    constexpr is passed by keyword, so both families' plans state the list's order."""
     tile = {"BLOCK_M": block_m, "BLOCK_B": 64, "BLOCK_T": 32, "SEQUENCE_MAJOR": sequence_major}
     return PlannedLaunch((num_seqs,), (num_seqs, num_rows, capacity), {**tile, "num_warps": 4})
 
