@@ -133,15 +133,12 @@ def problem(
     return SimpleNamespace(q=q, k=k, v=v, do=do, cu=cu, max_len=max(lengths))
 
 
-def document_lengths_of(layout: str | None) -> list[int]:
+def document_lengths_of(layout: LayoutSpec | None) -> list[int]:
     """``bench_host.py``'s two documents of 64 tokens, or the packed documents of a benchmark
-    layout ``TOKENS:MIX`` (``bench_attention.py``'s lengths for its seed 0)."""
+    layout (``bench_attention.py``'s lengths for its seed 0)."""
     if layout is None:
         return [64, 64]
-    spec = LayoutSpec.parse(layout)
-    if spec.slot > 1:
-        raise argparse.ArgumentTypeError(f"--layout {layout}: packed layouts only (no slot size)")
-    return document_lengths(spec.tokens, *MIXES[spec.mix], seed=0)
+    return document_lengths(layout.tokens, *MIXES[layout.mix], seed=0)
 
 
 def call_fn(p: SimpleNamespace, mode: str, fresh_offsets: bool, ring: int = 0) -> Callable[[], object]:
@@ -317,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--layout",
         default=None,
+        type=LayoutSpec.parse,
         metavar="TOKENS:MIX",
         help="a benchmark layout's packed documents (e.g. 16384:64-1024) instead of two of 64 tokens",
     )
@@ -331,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.layout and args.ring:
         parser.error("--layout with --ring: the ring's shards need lengths divisible by 2 * CP")
+    if args.layout and args.layout.slot > 1:
+        parser.error(f"--layout {args.layout.text}: packed layouts only (no slot size)")
     if os.environ.get("TRITON_INTERPRET") == "1" and args.launcher != "real":
         raise SystemExit("profile_host: unset TRITON_INTERPRET (the launches are stubbed, not interpreted)")
     os.environ.update(ENV, THD_KERNELS=args.family)
@@ -351,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"config": vars(args), "env": ENV, "results": results}, fh, indent=1)
+            config = {**vars(args), "layout": args.layout.text if args.layout else None}
+            json.dump({"config": config, "env": ENV, "results": results}, fh, indent=1)
     return 0
 
 

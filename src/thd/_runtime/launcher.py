@@ -263,7 +263,7 @@ class KernelLauncher:
         self._arg_keys: dict[tuple[type, ...], Callable[..., tuple] | str] = {}
         self._fixed: dict[tuple[int, int], _Fixed] = {}  # run_fixed's records by the ids of token, keywords
         self._tensor_keys: dict[tuple[type, ...], Callable[..., tuple] | str] = {}
-        self._plan: tuple[int, tuple[str, ...], Callable[[dict], tuple]] | None = None
+        self._plan: tuple[int, Callable[[dict], tuple]] | None = None
         self._plan_for: object = None
 
     def __repr__(self) -> str:
@@ -277,8 +277,8 @@ class KernelLauncher:
 
     # ------------------------------------------------------------------------- the key
 
-    def _layout(self, state: _Triton) -> tuple[int, tuple[str, ...], Callable[[dict], tuple]] | None:
-        """``(number of positional parameters, constexpr names, getter of their values)``, or None
+    def _layout(self, state: _Triton) -> tuple[int, Callable[[dict], tuple]] | None:
+        """``(number of positional parameters, getter of the constexprs' values)``, or None
         when ``fn`` is not a plain JITFunction whose non-constexpr parameters all come first."""
         if self._plan_for is state:
             return self._plan
@@ -303,7 +303,7 @@ class KernelLauncher:
                 defaults = {p.name: p.default for p in params[plain:] if p.has_default}
                 if defaults:  # a constexpr left out takes its default, as Triton's binder gives it
                     getter = functools.partial(_with_defaults, getter, names, defaults)
-                plan = (plain, names, getter)
+                plan = (plain, getter)
         self._plan, self._plan_for = plan, state
         return plan
 
@@ -466,7 +466,7 @@ class KernelLauncher:
         plan = self._layout(state)
         if plan is not None:
             try:
-                constexprs = plan[2](kwargs)
+                constexprs = plan[1](kwargs)
             except KeyError:  # a constexpr without a default left out: no fast launch will use it
                 constexprs = None
         record = _Fixed(token, kwargs, tuple(map(type, tensors)), tensors, {}, {}, constexprs)
@@ -497,7 +497,7 @@ class KernelLauncher:
                 return
             plan = self._layout(state)
             assert plan is not None
-            values = plan[2]
+            values = plan[1]
             values(kwargs)  # KeyError: a constexpr without a default left out
             launch = kernel.run  # initialized by the launch that just ran
             function = kernel.function
@@ -522,7 +522,7 @@ class KernelLauncher:
         bound, specialization, bound_options = binder(*args, **options)
         plan = self._layout(state)
         assert plan is not None
-        passed = (*args, *plan[2](kwargs))
+        passed = (*args, *plan[1](kwargs))
         if list(bound) != fn.arg_names or len(bound) != len(passed):
             return False
         if any(a is not b for a, b in zip(bound.values(), passed, strict=True)):

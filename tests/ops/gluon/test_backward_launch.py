@@ -13,6 +13,7 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon")
 
+from tests.ops.gluon._work_list_builds import WorkListBuilds
 from thd.errors import ThdValueError
 from thd.ops.attention.gluon import backward as gluon_backward
 from thd.ops.attention.gluon import backward_kernel, schedule, work_lists
@@ -120,21 +121,11 @@ def test_work_list_launch_passes_every_parameter_of_its_kernel(
     """The persistent dK/dV programs' work list: every constexpr by keyword, its order stated (until
     the twenty-second session it left ``SEQUENCE_MAJOR`` out, which sent every launch of the list
     down Triton's normal path while the cached launcher took no defaults)."""
-    given: list[tuple[tuple, dict]] = []
-    real = schedule.build_work_list
-
-    class _Builds:
-        def __getitem__(self, grid: tuple):  # type: ignore[no-untyped-def]
-            def record(*args: object, **kwargs: object) -> None:
-                given.append((args, kwargs))
-                real[grid](*args, **kwargs)
-
-            return record
-
-    monkeypatch.setattr(schedule, "build_work_list", _Builds())
+    builds = WorkListBuilds()
+    monkeypatch.setattr(schedule, "build_work_list", builds)
     gluon_backward.backward(_call(0, (70, 130), deterministic=False))
-    ((args, kwargs),) = given
-    names = list(real.arg_names)
+    ((args, kwargs),) = builds.given
+    names = list(builds.real.arg_names)
     assert sorted(names[len(args) :]) == sorted(set(kwargs) - LAUNCH_OPTIONS)
     assert kwargs["SEQUENCE_MAJOR"] is False  # the kernel's order: longest tile index first
 

@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("triton.experimental.gluon")
 
+from tests.ops.gluon._work_list_builds import WorkListBuilds
 from thd.ops.attention.gluon import forward as gluon_forward
 from thd.ops.attention.gluon import forward_kernel, schedule, work_lists
 from thd.ops.attention.params import AttentionOptions, ForwardCall, VarlenLayout
@@ -214,28 +215,9 @@ def test_wait_profile_launch_differs_from_the_plain_launch_only_in_the_profile(
     assert all(profiled[key] == plain[key] for key in same)
 
 
-class _CountingBuilds:
-    """``schedule.build_work_list`` that counts its launches, keeps their arguments and runs them."""
-
-    def __init__(self) -> None:
-        self.real = schedule.build_work_list
-        self.launches = 0
-        self.given: list[tuple[tuple, dict]] = []
-
-    def __getitem__(self, grid: tuple):  # type: ignore[no-untyped-def]
-        self.launches += 1
-        launch = self.real[grid]
-
-        def record(*args: object, **kwargs: object) -> None:
-            self.given.append((args, kwargs))
-            launch(*args, **kwargs)
-
-        return record
-
-
 @pytest.fixture
-def builds(monkeypatch: pytest.MonkeyPatch) -> _CountingBuilds:
-    counting = _CountingBuilds()
+def builds(monkeypatch: pytest.MonkeyPatch) -> WorkListBuilds:
+    counting = WorkListBuilds()
     monkeypatch.setattr(schedule, "build_work_list", counting)
     return counting
 
@@ -247,7 +229,7 @@ def _work_list_of(recorded: _Recorder) -> tuple:
 
 @pytest.mark.parametrize("sequence_major", [False, True])
 def test_work_list_launch_passes_every_parameter_of_its_kernel(
-    recorded: _Recorder, builds: _CountingBuilds, monkeypatch: pytest.MonkeyPatch, sequence_major: bool
+    recorded: _Recorder, builds: WorkListBuilds, monkeypatch: pytest.MonkeyPatch, sequence_major: bool
 ) -> None:
     """Every constexpr by keyword, the list's order as the plan chose it (the backward's list once
     left ``SEQUENCE_MAJOR`` to its default)."""
@@ -261,7 +243,7 @@ def test_work_list_launch_passes_every_parameter_of_its_kernel(
 
 
 def test_work_list_is_built_once_for_the_same_unchanged_offsets(
-    recorded: _Recorder, builds: _CountingBuilds
+    recorded: _Recorder, builds: WorkListBuilds
 ) -> None:
     """The same offset tensors again: no second build, the very same list; offsets written in
     place, or equal values in new tensors: built again, with the count of the new values."""
@@ -283,7 +265,7 @@ def test_work_list_is_built_once_for_the_same_unchanged_offsets(
 
 
 def test_sequence_major_lists_are_their_own_list(
-    recorded: _Recorder, builds: _CountingBuilds, monkeypatch: pytest.MonkeyPatch
+    recorded: _Recorder, builds: WorkListBuilds, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``SEQUENCE_MAJOR``: the kernel reads the list sequence by sequence (oracle: the lengths in
     128-row tiles), built apart from the longest-first list of the same offsets, each then reused."""
@@ -309,7 +291,7 @@ def test_sequence_major_lists_are_their_own_list(
 
 
 def test_work_list_is_built_every_time_under_capture_and_for_inference_tensors(
-    recorded: _Recorder, builds: _CountingBuilds, monkeypatch: pytest.MonkeyPatch
+    recorded: _Recorder, builds: WorkListBuilds, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     q, k, v, cu = _batch(0, (70, 130))
     call = ForwardCall(q, k, v, VarlenLayout(cu, cu), AttentionOptions(0.1, causal=True))
