@@ -333,7 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--layout {args.layout.text}: packed layouts only (no slot size)")
     if os.environ.get("TRITON_INTERPRET") == "1" and args.launcher != "real":
         raise SystemExit("profile_host: unset TRITON_INTERPRET (the launches are stubbed, not interpreted)")
-    os.environ.update(ENV, THD_KERNELS=args.family)
+    env = {**ENV, "THD_KERNELS": args.family}
+    os.environ.update(env)
     results = measure(args)
     print(f"{results['documents']} documents, {results['tokens']} tokens")
     for mode in args.modes:
@@ -352,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             config = {**vars(args), "layout": args.layout.text if args.layout else None}
-            json.dump({"config": config, "env": ENV, "results": results}, fh, indent=1)
+            json.dump({"config": config, "env": env, "results": results}, fh, indent=1)
     return 0
 
 

@@ -165,7 +165,7 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|
       echo "== $family ${layout:-two documents of 64} $(date +%T)"
       PYTHONPATH=src:benchmarks:. timeout 100 python3 benchmarks/profile_host.py --launcher real --family "$family" \
         ${layout:+--layout "$layout"} --heads 16 --head-dim 64 --calls 50 --rounds 3 --profile-calls 30 --top 25 \
-        --json "$OUT/host-$family-${layout:-tiny}.json" 2>&1 | head -60
+        --json "$OUT/host-$family-$(echo "${layout:-tiny}" | tr ':' '_').json" 2>&1 | head -60
     done
   done
   ;;
