@@ -12,8 +12,10 @@ take turns, all in one process. thd's records name the kernel family that ran.
     python benchmarks/bench_host.py --device cpu --quick --out /tmp/host.json   # smoke test
 
 Providers: ``thd``; ``varlen_attn`` (``torch.nn.attention.varlen.varlen_attn``, when this torch
-has it); ``fa4`` (``flash_attn.cute.flash_attn_varlen_func``, when it imports). Missing ones get
-a record with ``status: unavailable``. Goals (issue 22): thd's ``wall_us`` at most half
+has it); ``fa4`` (``flash_attn.cute.flash_attn_varlen_func``, when it imports); ``elementwise``
+(``q * k + v``: not attention, the floor any autograd'd call pays). Missing ones get a record with
+``status: unavailable``. ``--autograd-threads off`` runs every backward on the calling thread
+instead of autograd's device thread. Goals (issue 22): thd's ``wall_us`` at most half
 varlen_attn's, forward and forward+backward.
 """
 
@@ -110,10 +112,22 @@ def fa4_provider(p: Problem) -> Attn:
     return call
 
 
+def elementwise_provider(p: Problem) -> Attn:
+    """Not attention: ``q * k + v``, two elementwise kernels forward and backward. Its
+    forward+backward is the least any autograd'd call costs on this host (the engine's turn
+    included), a floor to read the attention providers' times against."""
+
+    def call(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return q * k + v
+
+    return call
+
+
 PROVIDERS: dict[str, Callable[[Problem], Attn]] = {
     "thd": thd_provider,
     "varlen_attn": varlen_provider,
     "fa4": fa4_provider,
+    "elementwise": elementwise_provider,
 }
 
 
@@ -139,7 +153,7 @@ def measure(p: Problem, providers: Sequence[str], calls: int, rounds: int) -> li
         for key, fn in ready.items():
             rounds_of[key].append(host_time_us(fn, calls=calls, warmup_calls=max(5, calls // 10)))
     for (provider, mode), timings in rounds_of.items():
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"autograd_multithreading": torch._C._is_multithreading_enabled()}
         if provider == "thd":
             for phase in ("forward", "backward") if mode == "fwd_bwd" else ("forward",):
                 choice = kernel_choice(phase)
@@ -180,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--commit", default=None, help="commit the run is for (default: git HEAD)")
     parser.add_argument("--quick", action="store_true", help="20 calls, 1 round")
+    parser.add_argument(
+        "--autograd-threads",
+        choices=("on", "off"),
+        default="on",
+        help="off: run every backward on the calling thread (torch.autograd.set_multithreading_enabled"
+        "(False)) instead of handing CUDA work to autograd's device thread",
+    )
     return parser
 
 
@@ -189,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.calls, args.rounds = 20, 1
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     p = Problem(args.device, args.heads, args.head_dim, docs=2, length=64, dtype=dtype)
-    records = measure(p, args.providers, args.calls, args.rounds)
+    with torch.autograd.set_multithreading_enabled(args.autograd_threads == "on"):
+        records = measure(p, args.providers, args.calls, args.rounds)
     env = env_fingerprint()
     env["fa4"] = package_version("flash-attn-4", "flash_attn_4", "flash-attn-cute")
     payload = {

@@ -30,3 +30,22 @@ def test_bench_host_cpu_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
         assert thd["forward_family"] == "reference"
         assert by[("varlen_attn", mode)]["status"] in ("ok", "error", "unavailable")  # CPU: no flash kernel
     assert by[("thd", "fwd_bwd")]["backward_family"] == "reference"
+
+
+@pytest.mark.parametrize("threads", ["on", "off"])
+def test_bench_host_autograd_threads_and_the_elementwise_floor(
+    threads: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--autograd-threads off`` takes its loops with autograd's multithreading off (each record
+    says what was in force while it was timed), and the ``elementwise`` floor times both modes."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_host
+
+    out = tmp_path / "host.json"
+    argv = ["--device", "cpu", "--quick", "--heads", "2", "--head-dim", "16", "--out", str(out)]
+    assert bench_host.main([*argv, "--providers", "elementwise", "--autograd-threads", threads]) == 0
+    records = json.loads(out.read_text())["records"]
+    assert {r["mode"] for r in records} == {"fwd", "fwd_bwd"}
+    for record in records:
+        assert record["status"] == "ok" and record["wall_us"] > 0
+        assert record["autograd_multithreading"] is (threads == "on")

@@ -49,13 +49,15 @@ def test_profile_host_counts_the_tl_launches(tmp_path: Path, monkeypatch: pytest
 
 def test_profile_host_takes_the_gluon_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--family gluon``: CPU tensors pass for an sm_90 device, so both phases run the Gluon
-    wrappers (their launches stubbed) and the warm calls make no plans."""
+    wrappers (their launches stubbed), the warm calls make no plans, and the JSON records the family."""
     pytest.importorskip("triton.experimental.gluon")
     profile_host = _profile_host(monkeypatch, "gluon")
     out = tmp_path / "host.json"
     argv = ["--launcher", "stub", "--family", "gluon", "--calls", "2", "--rounds", "1", "--top", "0"]
     assert profile_host.main([*argv, "--heads", "2", "--json", str(out)]) == 0
-    results = json.loads(out.read_text())["results"]
+    written = json.loads(out.read_text())
+    assert written["env"]["THD_KERNELS"] == "gluon"
+    results = written["results"]
     assert results["fwd_bwd"]["families"] == {"forward": "gluon", "backward": "gluon"}
     assert results["fwd"]["launches_per_call"] == {"attention_fwd_kernel": 1}
     assert {"attention_fwd_kernel", "_dkdv_kernel"} <= set(results["fwd_bwd"]["launches_per_call"])
