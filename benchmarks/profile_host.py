@@ -34,7 +34,8 @@ of q, k, v), as ``bench_host.py`` times them. Per mode: ``us_per_call``, the med
 ``--rounds`` loops of ``--calls`` calls (``time.perf_counter``), and a cProfile breakdown of one
 more loop (functions by own time per call; profiling inflates small functions, so read it for the
 shares, the timing loops for the totals). Kernel launches per call are counted and printed, with
-the launch plans one warm call adds (forward, backward: the plans it missed).
+the launch plans one warm call adds (forward, backward: the plans it missed). On a GPU autograd
+runs the backward on its device thread; ``--autograd-threads off`` keeps it on the calling thread.
 
     PYTHONPATH=src:. python benchmarks/profile_host.py                  # both modes, table + profile
     PYTHONPATH=src:. python benchmarks/profile_host.py --json /tmp/host-cpu.json --top 0
@@ -320,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument(
+        "--autograd-threads",
+        choices=("on", "off"),
+        default="on",
+        help="off: every backward on the calling thread (torch.autograd.set_multithreading_enabled(False))",
+    )
     parser.add_argument("--json", default=None, help="also write the results here")
     return parser
 
@@ -335,7 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("profile_host: unset TRITON_INTERPRET (the launches are stubbed, not interpreted)")
     env = {**ENV, "THD_KERNELS": args.family}
     os.environ.update(env)
-    results = measure(args)
+    with torch.autograd.set_multithreading_enabled(args.autograd_threads == "on"):
+        results = measure(args)
+        results["autograd_multithreading"] = torch._C._is_multithreading_enabled()
     print(f"{results['documents']} documents, {results['tokens']} tokens")
     for mode in args.modes:
         r = results[mode]

@@ -84,7 +84,7 @@ exp_tree() {  # $1: name under .ab/, $2: branch, the rest: what to archive; exit
   }
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|26|27|28}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|26|27|28|29}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -166,6 +166,27 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|
       PYTHONPATH=src:benchmarks:. timeout 100 python3 benchmarks/profile_host.py --launcher real --family "$family" \
         ${layout:+--layout "$layout"} --heads 16 --head-dim 64 --calls 50 --rounds 3 --profile-calls 30 --top 25 \
         --json "$OUT/host-$family-$(echo "${layout:-tiny}" | tr ':' '_').json" 2>&1 | head -60
+    done
+  done
+  ;;
+29)  # is the forward+backward's host floor autograd's device thread? (twenty-third session: on the H100
+  # a tiny problem's backward added ~620 us of host time to thd's forward, ~710 to varlen_attn's, ~480
+  # to FA4's, where thd's own Python backward costs ~90 us on the CPU): bench_host with autograd's
+  # multithreading on and off, the elementwise floor beside thd (both families) and varlen_attn, then
+  # the short-document row's host profile both ways (about 150 s)
+  for threads in on off; do
+    echo "== autograd threads $threads $(date +%T)"
+    PYTHONPATH=src:benchmarks:. timeout 100 python3 benchmarks/bench_host.py --providers thd varlen_attn elementwise \
+      --autograd-threads "$threads" --calls 300 --rounds 5 --out "$OUT/host-threads-$threads.json" 2>&1 | grep -E '^(host|thd)'
+    THD_KERNELS=gluon PYTHONPATH=src:benchmarks:. timeout 60 python3 benchmarks/bench_host.py --providers thd \
+      --autograd-threads "$threads" --calls 300 --rounds 5 --out "$OUT/host-threads-$threads-gluon.json" 2>&1 | grep -E '^host'
+  done
+  for threads in on off; do
+    for family in tl gluon; do
+      echo "== $family 16384:64-1024 autograd threads $threads $(date +%T)"
+      PYTHONPATH=src:benchmarks:. timeout 60 python3 benchmarks/profile_host.py --launcher real --family "$family" \
+        --layout 16384:64-1024 --heads 16 --head-dim 64 --calls 50 --rounds 3 --profile-calls 30 --top 12 \
+        --autograd-threads "$threads" --modes fwd_bwd --json "$OUT/host-$family-16k-threads-$threads.json" 2>&1 | head -16
     done
   done
   ;;

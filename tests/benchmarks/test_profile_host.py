@@ -49,14 +49,17 @@ def test_profile_host_counts_the_tl_launches(tmp_path: Path, monkeypatch: pytest
 
 def test_profile_host_takes_the_gluon_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--family gluon``: CPU tensors pass for an sm_90 device, so both phases run the Gluon
-    wrappers (their launches stubbed), the warm calls make no plans, and the JSON records the family."""
+    wrappers (their launches stubbed), the warm calls make no plans, and the JSON records the family and that
+    autograd's multithreading was off (``--autograd-threads off``)."""
     pytest.importorskip("triton.experimental.gluon")
     profile_host = _profile_host(monkeypatch, "gluon")
     out = tmp_path / "host.json"
     argv = ["--launcher", "stub", "--family", "gluon", "--calls", "2", "--rounds", "1", "--top", "0"]
+    argv += ["--autograd-threads", "off"]
     assert profile_host.main([*argv, "--heads", "2", "--json", str(out)]) == 0
     written = json.loads(out.read_text())
     assert written["env"]["THD_KERNELS"] == "gluon"
+    assert written["results"]["autograd_multithreading"] is False
     results = written["results"]
     assert results["fwd_bwd"]["families"] == {"forward": "gluon", "backward": "gluon"}
     assert results["fwd"]["launches_per_call"] == {"attention_fwd_kernel": 1}
