@@ -66,6 +66,7 @@ from attention_providers import MIXES, LayoutSpec
 MODES = ("fwd", "fwd_bwd")
 ENV = {"THD_ATTENTION_BACKEND": "triton", "THD_KERNELS": "tl"}
 LAUNCHES: Counter[str] = Counter()
+NORMAL_LAUNCHES: Counter[str] = Counter()  # --launcher fast: the launches that took Triton's normal path
 
 
 def _kernel_name(launcher: Any) -> str:
@@ -102,6 +103,7 @@ def stubbed_launches(mode: str) -> Iterator[None]:
         def normal(self: Any, grid: Any, args: tuple, kwargs: dict) -> object:
             self.normal_launches += 1
             LAUNCHES[_kernel_name(self)] += 1
+            NORMAL_LAUNCHES[_kernel_name(self)] += 1
             return None
 
         def remember(self: Any, state: Any, key: tuple, *rest: Any) -> None:
@@ -110,7 +112,7 @@ def stubbed_launches(mode: str) -> Iterator[None]:
             def noop_launch(*args: Any) -> None:  # where the GPU calls the compiled kernel
                 LAUNCHES[name] += 1
 
-            self._cache[key] = [noop_launch, None, None, None, False, self._layout(state)[2]]
+            self._cache[key] = [noop_launch, None, None, None, False, self._layout(state)[1]]
 
         cls._normal, cls._remember = normal, remember  # type: ignore[method-assign]
     try:
@@ -268,11 +270,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(20):  # first calls: imports, caches, first launches
                 fn()
             LAUNCHES.clear()
+            NORMAL_LAUNCHES.clear()
             plans = plan_counts(args.family)
             fn()
             made = [after - before for before, after in zip(plans, plan_counts(args.family), strict=True)]
             results[mode] = {
                 "launches_per_call": dict(LAUNCHES),
+                "normal_launches_per_call": dict(NORMAL_LAUNCHES),
                 "plans_made_per_call": made,
                 "rounds_us": [],
             }

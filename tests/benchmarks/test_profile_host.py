@@ -68,6 +68,27 @@ def test_profile_host_takes_the_gluon_path(tmp_path: Path, monkeypatch: pytest.M
         assert results[mode]["plans_made_per_call"] == [0, 0], mode
 
 
+@pytest.mark.parametrize("family", ["tl", "gluon"])
+def test_profile_host_fast_launcher_caches_every_launch(
+    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--launcher fast`` (the default): the warm calls go through the launcher's cached path, each
+    compiled kernel replaced by a counting no-op, and none falls back to Triton's normal launch."""
+    if family == "gluon":
+        pytest.importorskip("triton.experimental.gluon")
+    profile_host = _profile_host(monkeypatch, family)
+    out = tmp_path / "host.json"
+    argv = ["--launcher", "fast", "--family", family, "--calls", "2", "--rounds", "1", "--top", "0"]
+    assert profile_host.main([*argv, "--heads", "2", "--head-dim", "64", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["fwd_bwd"]["families"] == {"forward": family, "backward": family}
+    for mode in ("fwd", "fwd_bwd"):
+        launches = results[mode]["launches_per_call"]
+        assert launches and all(count == 1 for count in launches.values()), (mode, launches)
+        assert results[mode]["normal_launches_per_call"] == {}, mode
+        assert results[mode]["plans_made_per_call"] == [0, 0], mode
+
+
 @pytest.mark.parametrize("ring", ["0", "2"])
 def test_profile_host_fresh_offsets_make_no_plans(
     ring: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
