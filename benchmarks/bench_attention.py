@@ -135,6 +135,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host-head-dim", type=int, default=128)
     parser.add_argument("--commit", default=None, help="the code's commit (default: git rev-parse HEAD)")
     parser.add_argument(
+        "--autograd-threads", choices=("on", "off"), default="on",
+        help="off: every backward on the calling thread (torch.autograd.set_multithreading_enabled(False)), "
+        "every provider alike",
+    )  # fmt: skip
+    parser.add_argument(
         "--budget-s", type=float, default=None, help="stop starting new shapes after this many seconds (270)"
     )
     args = parser.parse_args(argv)
@@ -209,6 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.table is not None:
         print(markdown_tables(json.loads(Path(args.table).read_text())))
         return 0
+    with torch.autograd.set_multithreading_enabled(args.autograd_threads == "on"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     settings = _settings(args)
     started = time.monotonic()
@@ -232,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.cuda.empty_cache()
     payload = _payload(args, env, records)
     payload["skipped_for_budget"] = skipped
+    payload["autograd_multithreading"] = torch._C._is_multithreading_enabled()
     payload["wall_s"] = round(time.monotonic() - started, 1)
     write_json(args.out, payload)
     print_summary(payload)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import tune_attention
 from thd._runtime import tiles as tile_policy
@@ -186,6 +187,32 @@ def test_attention_rounds_take_the_median_of_round_medians(monkeypatch: pytest.M
     assert (combined["median_ms"], combined["min_ms"], combined["max_ms"]) == (2.0, 0.9, 4.0)
     assert combined["trials"] == 15 and combined["round_median_ms"] == [3.0, 1.0, 2.0]
     assert bench_attention.combine_rounds(rounds[:1]) == rounds[0]
+
+
+@pytest.mark.parametrize("threads", ["on", "off"])
+def test_attention_benchmark_measures_under_the_autograd_threads_asked_for(
+    threads: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--autograd-threads``: every measurement (the dense matmul, host times, each problem's
+    providers) runs with autograd's multithreading as asked, and the JSON says which."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_attention
+
+    seen: list[bool] = []
+
+    def no_records(*_: object) -> list:
+        seen.append(torch._C._is_multithreading_enabled())
+        return []
+
+    monkeypatch.setattr(bench_attention, "dense_matmul", lambda *a: {"op": "matmul", "none": no_records()})
+    monkeypatch.setattr(bench_attention, "host_overhead", no_records)
+    monkeypatch.setattr(bench_attention, "measure_problem", no_records)
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--layouts", "2048:64-1024", "--providers", "thd", "--out", str(out)]
+    assert bench_attention.main([*argv, "--autograd-threads", threads]) == 0
+    assert len(seen) >= 3 and set(seen) == {threads == "on"}
+    assert json.loads(out.read_text())["autograd_multithreading"] is (threads == "on")
+    assert torch._C._is_multithreading_enabled()  # restored after the run
 
 
 def test_variant_names_pick_the_variant_problems(monkeypatch: pytest.MonkeyPatch) -> None:
