@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks still to run, most important first, one device call each (under 600 s).
+# Twenty-third session (2026-12-07): call 8 on 4a2ed0e 514 passed, none failed (cut at 330 s past
+# 91%); the FA4 goal table ran (attention-4a2ed0e-h100.json); call 26 mixed (not merged); call 28
+# (tiny JSONs only) and call 6 ran; call 29 (new: autograd's device thread) ran. Still to run: call
+# 8 to its end, bench_attention.py --autograd-threads off with FA4 (the goal table without the
+# device thread), call 26 with more rounds at head dim 64 alone.
 # Twenty-second session (2026-12-07): call 27 passed (the calls return before the GPU is done);
 # call 8 on 51c0159: 1 failed (the Gluon backward's work list on Triton's normal launch path,
 # fixed in 2b3118d and 63ac1e2), 522 passed, 22 skipped, interrupted at 300 s; its first try was
