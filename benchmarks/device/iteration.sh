@@ -4,6 +4,7 @@
 # FA4, cuDNN and varlen_attn, host time per eager call against varlen_attn and FA4, the attention/ring/Gluon GPU tests under THD_KERNELS=prefer-gluon, and
 # the Gluon kernels' bounds tests under compute-sanitizer memcheck. Each step is cut at a time
 # budget (seconds from the start) so the whole fits one 600-second call.
+# When the tree plus `.fa4/a` outgrow a call's 64 MiB, benchmarks/device/stage_fa4.sh stages it in two calls.
 #   device: carry [".fa4/b"], command: SHA=<commit> [VARIANTS=1] [TESTS="<paths>"] [BENCH_ONLY=1] bash benchmarks/device/iteration.sh
 # The benchmark takes two rounds, the providers of a row taking turns: with one, the first-timed
 # provider (thd) measured its forward 1.02-1.11x the forced-Gluon provider's, the same kernels

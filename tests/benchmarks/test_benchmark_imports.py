@@ -66,3 +66,12 @@ def test_pending_checks_usage_names_every_call() -> None:
     assert listed == calls, (sorted(listed - calls), sorted(calls - listed))
     described = set(re.findall(r"^# Call (\d+)", text, flags=re.MULTILINE))
     assert described <= calls, sorted(described - calls)
+
+
+def test_stage_fa4_refuses_an_unknown_step() -> None:
+    """``stage_fa4.sh`` names the step it does not know and exits 1, before it copies anything."""
+    proc = subprocess.run(
+        ["bash", str(BENCHMARKS / "device" / "stage_fa4.sh"), "stage"], capture_output=True, text=True
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("ERROR: stage_fa4.sh: step 'stage'")
