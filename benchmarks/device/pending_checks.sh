@@ -2,9 +2,9 @@
 # The GPU checks still to run, most important first, one device call each (under 600 s).
 # Twenty-third session (2026-12-07): call 8 on 4a2ed0e 514 passed, none failed (cut at 330 s past
 # 91%); the FA4 goal table ran (attention-4a2ed0e-h100.json); call 26 mixed (not merged); call 28
-# (tiny JSONs only) and call 6 ran; call 29 (new: autograd's device thread) ran. Still to run: call
-# 8 to its end, bench_attention.py --autograd-threads off with FA4 (the goal table without the
-# device thread), call 26 with more rounds at head dim 64 alone.
+# (tiny JSONs only) and call 6 ran; call 29 (new: autograd's device thread) ran. Still to run, in
+# order: call 30 (new: the short rows with and without autograd's device thread, FA4 included; stage
+# .fa4/a with stage_fa4.sh first), call 8 to its end, call 26 with more rounds at head dim 64 alone.
 # Twenty-second session (2026-12-07): call 27 passed (the calls return before the GPU is done);
 # call 8 on 51c0159: 1 failed (the Gluon backward's work list on Triton's normal launch path,
 # fixed in 2b3118d and 63ac1e2), 522 passed, 22 skipped, interrupted at 300 s; its first try was
@@ -89,7 +89,7 @@ exp_tree() {  # $1: name under .ab/, $2: branch, the rest: what to archive; exit
   }
 }
 nvidia-smi --query-gpu=name --format=csv,noheader
-case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|26|27|28|29}" in
+case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|26|27|28|29|30}" in
 1)
   echo "== family tests $(date +%T)"
   gpu_tests 120 tests/ops/gluon/test_family_gpu.py
@@ -193,6 +193,20 @@ case "${1:?usage: pending_checks.sh 1|2|3|4|5|6|8|13|14|15|16|17|18|19|20|23|25|
         --layout 16384:64-1024 --heads 16 --head-dim 64 --calls 50 --rounds 3 --profile-calls 30 --top 12 \
         --autograd-threads "$threads" --modes fwd_bwd --json "$OUT/host-$family-16k-threads-$threads.json" 2>&1 | head -16
     done
+  done
+  ;;
+30)  # (carry [".fa4/b"], after stage_fa4.sh part and wheels) the short-document rows with autograd's
+  # device thread and without, every provider in the same process per setting: does thd's
+  # forward+backward there lead FA4 once neither is bound by the host? (twenty-third session: tl's
+  # took 687-1167 us per call with the thread, 532-535 without, its kernels' time; about 120 s)
+  eval "$(bash .fa4/b/fa4-wheels.sh install)" || exit 1
+  for threads in on off; do
+    echo "== autograd threads $threads $(date +%T)"
+    PYTHONPATH=src:.:$PYTHONPATH timeout 100 python3 benchmarks/bench_attention.py --autograd-threads "$threads" \
+      --out "$OUT/attention-short-threads-$threads.json" --providers thd thd-tl thd-gluon fa4 cudnn varlen_attn \
+      --layouts 16384:64-1024 --modes fwd_bwd --rep-ms 40 --trials 2 --rounds 2 --budget-s 80 2>&1 | tail -2
+    PYTHONPATH=src:. python3 benchmarks/bench_attention.py --table "$OUT/attention-short-threads-$threads.json" 2>&1 \
+      | grep -E '^\| (head|1|6|---)' | cut -c1-400
   done
   ;;
 23)  # SUITE_S (default 170): call 8's part that runs the ring's Gluon steps and accumulate mode
