@@ -11,6 +11,8 @@ record with ``status`` ``"error"``/``"unavailable"`` and an ``error`` text, neve
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import math
 import os
@@ -62,6 +64,29 @@ def cuda_missing(script: str, device: str, needs: str = "a CUDA GPU") -> bool:
         print(f"{script}: needs {needs} (or --device cpu for a smoke test)", file=sys.stderr)
         return True
     return False
+
+
+def add_autograd_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--autograd-threads on|off``: whether CUDA backwards run on autograd's device thread (its
+    default) or on the calling thread (``torch.autograd.set_multithreading_enabled(False)``)."""
+    parser.add_argument(
+        "--autograd-threads",
+        choices=("on", "off"),
+        default="on",
+        help="off: every backward on the calling thread (torch.autograd.set_multithreading_enabled(False)), "
+        "every provider alike",
+    )
+
+
+def autograd_threads(setting: str) -> contextlib.AbstractContextManager[None]:
+    """The block's autograd multithreading as ``--autograd-threads`` says (in this thread)."""
+    return torch.autograd.set_multithreading_enabled(setting == "on")  # type: ignore[return-value]
+
+
+def autograd_multithreading() -> bool:
+    """Whether backwards called from this thread now run on autograd's device threads."""
+    public = getattr(torch.autograd, "is_multithreading_enabled", None)
+    return bool(public() if public is not None else torch._C._is_multithreading_enabled())
 
 
 def document_lengths(total: int, lo: int, hi: int, seed: int) -> list[int]:

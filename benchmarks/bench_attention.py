@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import MODE_FLOP_FACTORS, command_line, env_fingerprint, write_json
+from _common import (
+    MODE_FLOP_FACTORS,
+    add_autograd_threads_argument,
+    autograd_multithreading,
+    autograd_threads,
+    command_line,
+    env_fingerprint,
+    write_json,
+)
 from attention_measure import Settings, combine_rounds, dense_matmul, host_overhead, measure_problem
 from attention_providers import (
     MIXES,
@@ -134,11 +142,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host-calls", type=int, default=None, help="calls per host-time measurement (500)")
     parser.add_argument("--host-head-dim", type=int, default=128)
     parser.add_argument("--commit", default=None, help="the code's commit (default: git rev-parse HEAD)")
-    parser.add_argument(
-        "--autograd-threads", choices=("on", "off"), default="on",
-        help="off: every backward on the calling thread (torch.autograd.set_multithreading_enabled(False)), "
-        "every provider alike",
-    )  # fmt: skip
+    add_autograd_threads_argument(parser)
     parser.add_argument(
         "--budget-s", type=float, default=None, help="stop starting new shapes after this many seconds (270)"
     )
@@ -214,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.table is not None:
         print(markdown_tables(json.loads(Path(args.table).read_text())))
         return 0
-    with torch.autograd.set_multithreading_enabled(args.autograd_threads == "on"):
+    with autograd_threads(args.autograd_threads):
         return _run(args)
 
 
@@ -242,7 +246,7 @@ def _run(args: argparse.Namespace) -> int:
             torch.cuda.empty_cache()
     payload = _payload(args, env, records)
     payload["skipped_for_budget"] = skipped
-    payload["autograd_multithreading"] = torch._C._is_multithreading_enabled()
+    payload["autograd_multithreading"] = autograd_multithreading()
     payload["wall_s"] = round(time.monotonic() - started, 1)
     write_json(args.out, payload)
     print_summary(payload)

@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 from _common import (
+    add_autograd_threads_argument,
+    autograd_multithreading,
+    autograd_threads,
     command_line,
     env_fingerprint,
     error_text,
@@ -153,7 +156,7 @@ def measure(p: Problem, providers: Sequence[str], calls: int, rounds: int) -> li
         for key, fn in ready.items():
             rounds_of[key].append(host_time_us(fn, calls=calls, warmup_calls=max(5, calls // 10)))
     for (provider, mode), timings in rounds_of.items():
-        extra: dict[str, Any] = {"autograd_multithreading": torch._C._is_multithreading_enabled()}
+        extra: dict[str, Any] = {"autograd_multithreading": autograd_multithreading()}
         if provider == "thd":
             for phase in ("forward", "backward") if mode == "fwd_bwd" else ("forward",):
                 choice = kernel_choice(phase)
@@ -194,13 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--commit", default=None, help="commit the run is for (default: git HEAD)")
     parser.add_argument("--quick", action="store_true", help="20 calls, 1 round")
-    parser.add_argument(
-        "--autograd-threads",
-        choices=("on", "off"),
-        default="on",
-        help="off: run every backward on the calling thread (torch.autograd.set_multithreading_enabled"
-        "(False)) instead of handing CUDA work to autograd's device thread",
-    )
+    add_autograd_threads_argument(parser)
     return parser
 
 
@@ -210,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.calls, args.rounds = 20, 1
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     p = Problem(args.device, args.heads, args.head_dim, docs=2, length=64, dtype=dtype)
-    with torch.autograd.set_multithreading_enabled(args.autograd_threads == "on"):
+    with autograd_threads(args.autograd_threads):
         records = measure(p, args.providers, args.calls, args.rounds)
     env = env_fingerprint()
     env["fa4"] = package_version("flash-attn-4", "flash_attn_4", "flash-attn-cute")

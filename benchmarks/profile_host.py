@@ -59,7 +59,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from _common import document_lengths, offsets_tensor
+from _common import (
+    add_autograd_threads_argument,
+    autograd_multithreading,
+    autograd_threads,
+    document_lengths,
+    offsets_tensor,
+)
 from attention_measure import timed_fn
 from attention_providers import MIXES, LayoutSpec
 
@@ -325,12 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument(
-        "--autograd-threads",
-        choices=("on", "off"),
-        default="on",
-        help="off: every backward on the calling thread (torch.autograd.set_multithreading_enabled(False))",
-    )
+    add_autograd_threads_argument(parser)
     parser.add_argument("--json", default=None, help="also write the results here")
     return parser
 
@@ -346,9 +347,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("profile_host: unset TRITON_INTERPRET (the launches are stubbed, not interpreted)")
     env = {**ENV, "THD_KERNELS": args.family}
     os.environ.update(env)
-    with torch.autograd.set_multithreading_enabled(args.autograd_threads == "on"):
+    with autograd_threads(args.autograd_threads):
         results = measure(args)
-        results["autograd_multithreading"] = torch._C._is_multithreading_enabled()
+        results["autograd_multithreading"] = autograd_multithreading()
     print(f"{results['documents']} documents, {results['tokens']} tokens")
     for mode in args.modes:
         r = results[mode]

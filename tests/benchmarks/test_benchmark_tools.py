@@ -201,7 +201,7 @@ def test_attention_benchmark_measures_under_the_autograd_threads_asked_for(
     seen: list[bool] = []
 
     def no_records(*_: object) -> list:
-        seen.append(torch._C._is_multithreading_enabled())
+        seen.append(torch.autograd.is_multithreading_enabled())
         return []
 
     monkeypatch.setattr(bench_attention, "dense_matmul", lambda *a: {"op": "matmul", "none": no_records()})
@@ -212,7 +212,7 @@ def test_attention_benchmark_measures_under_the_autograd_threads_asked_for(
     assert bench_attention.main([*argv, "--autograd-threads", threads]) == 0
     assert len(seen) >= 3 and set(seen) == {threads == "on"}
     assert json.loads(out.read_text())["autograd_multithreading"] is (threads == "on")
-    assert torch._C._is_multithreading_enabled()  # restored after the run
+    assert torch.autograd.is_multithreading_enabled()  # restored after the run
 
 
 def test_variant_names_pick_the_variant_problems(monkeypatch: pytest.MonkeyPatch) -> None:
