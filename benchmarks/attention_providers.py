@@ -112,6 +112,11 @@ class LayoutSpec:
     def text(self) -> str:
         return f"{self.tokens}:{self.mix}" + (f":{self.slot}" if self.slot > 1 else "")
 
+    def seed(self, base: int) -> int:
+        """The seed ``bench_attention.py`` makes this layout's problem with (``base`` + the mix's
+        index): every mix its own documents, the same in every run."""
+        return base + list(MIXES).index(self.mix)
+
 
 @dataclass(frozen=True)
 class Variant:

@@ -37,7 +37,6 @@ from _common import (
 )
 from attention_measure import Settings, combine_rounds, dense_matmul, host_overhead, measure_problem
 from attention_providers import (
-    MIXES,
     ONE_DOCUMENT,
     PROVIDERS,
     LayoutSpec,
@@ -237,7 +236,7 @@ def _run(args: argparse.Namespace) -> int:
             where = ONE_DOCUMENT if variant.one_document else spec.text
             skipped.append(f"D{head_dim} {where} {variant.name}")
             continue
-        seed = args.seed + list(MIXES).index(spec.mix)
+        seed = spec.seed(args.seed)
         p = make_problem(spec, args.heads, head_dim, seed, device, variant)
         print(f"[bench_attention] {label(p.shape)} ({len(p.lengths)} docs)", file=sys.stderr, flush=True)
         records += measure_problem(p, args.providers, settings)

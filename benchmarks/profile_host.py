@@ -144,10 +144,10 @@ def problem(
 
 def document_lengths_of(layout: LayoutSpec | None) -> list[int]:
     """``bench_host.py``'s two documents of 64 tokens, or the packed documents of a benchmark
-    layout (``bench_attention.py``'s lengths for its seed 0)."""
+    layout (``bench_attention.py``'s lengths with its default seed)."""
     if layout is None:
         return [64, 64]
-    return document_lengths(layout.tokens, *MIXES[layout.mix], seed=0)
+    return document_lengths(layout.tokens, *MIXES[layout.mix], seed=layout.seed(0))
 
 
 def call_fn(p: SimpleNamespace, mode: str, fresh_offsets: bool, ring: int = 0) -> Callable[[], object]:
